@@ -1,0 +1,51 @@
+"""Builds the gateway's aiohttp application and owns the lifecycles of its parts.
+
+This is the only module that wires the folders together: configuration in,
+backends with their breakers, pools, the retry policy, the proxy, the routes.
+Everything with a connection or a task is started in ``on_startup`` and
+closed in ``on_cleanup``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.http.middleware import edge_middleware
+from gateway.http.proxy import Proxy
+from gateway.http.routes import add_routes
+from gateway.resilience.breaker import CircuitBreaker
+from gateway.resilience.retry import RetryPolicy
+from gateway.upstream.backend import Backend
+from gateway.upstream.dispatch import Dispatcher
+from gateway.upstream.pool import build_pools
+
+BACKENDS = web.AppKey("backends", list[Backend])
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+
+
+def build_app(config: GatewayConfig) -> web.Application:
+    # The proxy reads bodies itself with its own limit (and a clear 413), so
+    # aiohttp's own limit only has to stay out of the way.
+    app = web.Application(middlewares=[edge_middleware],
+                          client_max_size=config.server.max_body_bytes + 1)
+    backends = [Backend(backend_config, CircuitBreaker(backend_config.name, config.breaker))
+                for backend_config in config.backends]
+    pools = build_pools(backends, config.shedding)
+    dispatcher = Dispatcher(RetryPolicy(config.retry))
+    app[BACKENDS] = backends
+    app[DISPATCHER] = dispatcher
+    add_routes(app, Proxy(config, pools, dispatcher), pools)
+    app.on_startup.append(_start_backends)
+    app.on_cleanup.append(_close_backends)
+    return app
+
+
+async def _start_backends(app: web.Application) -> None:
+    for backend in app[BACKENDS]:
+        await backend.start()
+
+
+async def _close_backends(app: web.Application) -> None:
+    for backend in app[BACKENDS]:
+        await backend.close()

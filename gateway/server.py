@@ -1,0 +1,91 @@
+"""Running the gateway: one process, or N worker processes sharing one port.
+
+With ``workers > 1`` every worker binds the same port with ``SO_REUSEPORT`` and
+the kernel spreads connections among them; the parent only supervises and
+passes SIGTERM/SIGINT on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from gateway.app import build_app
+from gateway.config import GatewayConfig
+
+log = logging.getLogger("gateway.server")
+
+
+def run_event_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        asyncio.run(main())
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+def serve(config: GatewayConfig) -> int:
+    """Serve until SIGTERM or SIGINT; returns the process exit status."""
+    workers = config.server.workers
+    if workers == 1:
+        run_event_loop(lambda: _serve_one(config, reuse_port=False))
+        return 0
+    return _supervise(config, workers)
+
+
+async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
+    runner = web.AppRunner(build_app(config), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port,
+                       reuse_port=reuse_port, backlog=1024)
+    await site.start()
+    for address in runner.addresses:
+        host, port = address[0], address[1]
+        print(f"gateway listening on http://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _worker_main(config: GatewayConfig) -> None:
+    run_event_loop(lambda: _serve_one(config, reuse_port=True))
+
+
+def _supervise(config: GatewayConfig, workers: int) -> int:
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_worker_main, args=(config,), name=f"gateway-worker-{i}")
+                 for i in range(workers)]
+    for process in processes:
+        process.start()
+
+    def forward(signum: int, _frame: object) -> None:
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for process in processes:
+        process.join()
+    failed = [p.name for p in processes if p.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT)]
+    if failed:
+        print(f"gateway: workers exited with an error: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+

@@ -1,0 +1,85 @@
+"""One inference backend: its settings, its connection pool, its load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+
+from gateway.config import BackendConfig, Timeouts
+from gateway.resilience.breaker import CircuitBreaker
+
+
+class Backend:
+    """A backend at run time.
+
+    Owns one keep-alive :class:`aiohttp.ClientSession`, created at start-up and
+    closed at shutdown (never one per request), and counts the requests it is
+    serving, which the pool uses to pick the least loaded backend.
+    """
+
+    def __init__(self, config: BackendConfig, breaker: CircuitBreaker) -> None:
+        self.config = config
+        self.name = config.name
+        self.timeouts: Timeouts = config.timeouts
+        self.breaker = breaker
+        self.in_flight = 0
+        self._release_listeners: list[Callable[[], None]] = []
+        self._api_key = config.api_key()
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(f"backend {self.name} is not started")
+        return self._session
+
+    def url(self, path: str) -> str:
+        return self.config.url + path
+
+    def has_capacity(self) -> bool:
+        return self.in_flight < self.config.max_concurrency
+
+    def admits(self) -> bool:
+        """Whether a request could start here now: a free slot and a willing breaker."""
+        return self.in_flight < self.config.max_concurrency and self.breaker.admits()
+
+    def on_release(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever a slot frees up (pools wake their waiters)."""
+        self._release_listeners.append(listener)
+
+    def release(self) -> None:
+        """Give back the slot a pool took for a request."""
+        self.in_flight -= 1
+        for listener in self._release_listeners:
+            listener()
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            # The gateway enforces max_concurrency itself; the connector limit is a
+            # backstop only, never reached in normal operation (a full connector
+            # pool would show up as connect timeouts, see NOTES.md).
+            limit=self.config.max_concurrency + 16,
+            limit_per_host=0,
+            keepalive_timeout=30,
+            enable_cleanup_closed=True,
+        )
+        # total=None: a started stream must never be cut by aiohttp's total
+        # timeout; the request's deadline is kept by the caller (NOTES.md).
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=None,
+            sock_connect=self.timeouts.connect, sock_read=self.timeouts.read,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, raise_for_status=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,165 @@
+"""Getting a started response from a pool: attempts, retries, breakers, slots.
+
+``Dispatcher.dispatch`` returns only once a backend has answered 2xx (and, for
+a non-streaming request, its whole body has been read), or raises. Until then
+nothing has reached the client, so every attempt may be retried; the retry
+loop (:mod:`gateway.resilience.retry`) decides whether it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from gateway.resilience.backoff import retry_after_seconds
+from gateway.resilience.breaker import Permit
+from gateway.resilience.budget import RetryBudget
+from gateway.resilience.deadline import Deadline
+from gateway.resilience.retry import RetryPolicy, RetryRecord
+from gateway.upstream.attempt import AttemptFailed, Failure, open_response, read_whole_body
+from gateway.upstream.backend import Backend
+from gateway.upstream.pool import Pool
+
+HeadersFor = Callable[[Backend], dict[str, str]]
+_HINTED_STATUSES = (429, 503)
+
+
+class NoBackendAdmits(Exception):
+    """No backend of the pool admitted the first attempt: breakers open or all busy."""
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(f"no backend of model '{pool.model}' admits a call")
+        self.breakers_open = pool.all_refused_by_breakers()
+        self.retry_after = pool.seconds_until_half_open() if self.breakers_open else 1.0
+
+
+@dataclass(slots=True)
+class Dispatched:
+    """A backend's started 2xx response, with what must be settled when it ends."""
+
+    backend: Backend
+    response: aiohttp.ClientResponse
+    body: bytes | None
+    """The whole body of a non-streaming response; None for a stream."""
+    permit: Permit
+    attempts: int
+
+    def finish(self, *, backend_failed: bool = False, ignore: bool = False) -> None:
+        """Report the call's outcome to the breaker and give the slot back."""
+        if ignore:
+            self.permit.ignore()
+        elif backend_failed:
+            self.permit.failure()
+        else:
+            self.permit.success()
+        self.backend.release()
+
+
+@dataclass(slots=True)
+class _Request:
+    pool: Pool
+    path: str
+    body: bytes
+    stream: bool
+    headers_for: HeadersFor
+    deadline: Deadline
+    record: RetryRecord = field(default_factory=RetryRecord)
+    tried: list[Backend] = field(default_factory=list)
+    last_failure: AttemptFailed | None = None
+
+
+class Dispatcher:
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.budgets: dict[str, RetryBudget] = {}
+
+    def budget_for(self, pool: Pool) -> RetryBudget:
+        budget = self.budgets.get(pool.model)
+        if budget is None:
+            config = self.policy.config
+            budget = RetryBudget(config.budget_ratio, config.budget_min_concurrency)
+            self.budgets[pool.model] = budget
+        return budget
+
+    async def dispatch(self, pool: Pool, path: str, body: bytes, *, stream: bool,
+                       headers_for: HeadersFor, deadline: Deadline) -> Dispatched:
+        """Attempt until a backend answers; raise the last :class:`AttemptFailed` if none did.
+
+        Raises :class:`NoBackendAdmits` when not even a first attempt could start.
+        The raised failure carries ``attempts`` and ``record`` for the caller.
+        """
+        request = _Request(pool, path, body, stream, headers_for, deadline)
+        budget = self.budget_for(pool)
+        budget.active_requests += 1
+        retrying = self.policy.retrying(deadline=deadline, budget=budget, record=request.record,
+                                        retryable=self._retryable, retry_after=self._retry_after)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    try:
+                        return await self._attempt(request)
+                    finally:
+                        if request.record.holds_budget:
+                            request.record.holds_budget = False
+                            budget.end_retry()
+        except AttemptFailed as failed:
+            failed.attempts = len(request.tried)
+            failed.retry_record = request.record
+            raise
+        finally:
+            budget.active_requests -= 1
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _attempt(self, request: _Request) -> Dispatched:
+        backend = await request.pool.admit(request.tried, request.deadline)
+        permit = backend.breaker.acquire() if backend is not None else None
+        if backend is None or permit is None:
+            if backend is not None:
+                backend.release()
+            if request.last_failure is None:
+                raise NoBackendAdmits(request.pool)
+            request.record.stop_reason = "no_backend"
+            request.last_failure.final = True
+            raise request.last_failure
+        request.tried.append(backend)
+        try:
+            response = await open_response(backend, request.path, request.body,
+                                           request.headers_for(backend), request.deadline)
+            body = None
+            if not request.stream or response.content_type != "text/event-stream":
+                body = await read_whole_body(backend, response, backend.timeouts.stream_max)
+        except AttemptFailed as failed:
+            _report(permit, failed)
+            backend.release()
+            request.last_failure = failed
+            raise
+        except BaseException:
+            permit.ignore()
+            backend.release()
+            raise
+        if body is not None:
+            permit.success()
+        return Dispatched(backend, response, body, permit, attempts=len(request.tried))
+
+    def _retryable(self, error: BaseException) -> bool:
+        if not isinstance(error, AttemptFailed) or error.final:
+            return False
+        if error.failure is Failure.HTTP_STATUS:
+            return error.status in self.policy.config.retry_on
+        return error.failure is not Failure.DEADLINE
+
+    def _retry_after(self, error: BaseException) -> float | None:
+        if isinstance(error, AttemptFailed) and error.status in _HINTED_STATUSES:
+            return retry_after_seconds(error.headers, self.policy.config.retry_after_cap)
+        return None
+
+
+def _report(permit: Permit, failed: AttemptFailed) -> None:
+    """Failures for a breaker: connection errors, timeouts, 5xx. Not 4xx, not 429."""
+    if failed.failure is Failure.HTTP_STATUS and (failed.status or 500) < 500:
+        permit.ignore()
+    else:
+        permit.failure()
+
