@@ -117,8 +117,8 @@ def _failure_response(failed: AttemptFailed, rid: str) -> web.Response:
     status = failed.status if failed.failure is Failure.HTTP_STATUS else None
     if status is not None and status < 500:
         return _passed_through(failed, rid)
-    tries = f"{failed.attempts} attempt(s)"
     stop_reason = failed.retry_record.stop_reason if failed.retry_record else None
+    tries = f"{failed.attempts} attempt(s)" + _STOP_REASONS.get(stop_reason or "", "")
     if failed.failure.is_timeout or stop_reason == "deadline":
         code = "deadline" if stop_reason == "deadline" else failed.failure.value
         error = GatewayError(504, f"{failed.message} ({tries}, deadline reached)"
@@ -135,6 +135,12 @@ def _failure_response(failed: AttemptFailed, rid: str) -> web.Response:
     response.headers[BACKEND_HEADER] = failed.backend.name
     response.headers[ATTEMPTS_HEADER] = str(failed.attempts)
     return response
+
+
+_STOP_REASONS = {
+    "budget": ", retry budget exhausted",
+    "no_backend": ", no other backend admits a retry",
+}
 
 
 def _passed_through(failed: AttemptFailed, rid: str) -> web.Response:

@@ -29,7 +29,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum, StrEnum
 from types import TracebackType
 
@@ -211,10 +211,9 @@ class CircuitBreaker:
         # Bumped on every transition: a permit from an earlier state is stale.
         self._epoch = 0
         self._recorder = _TransitionRecorder()
-        # fail_max is never consulted: we never pass a call through pybreaker.
+        # Its fail_max and success_threshold are never consulted: no call goes through it.
         self._machine = pybreaker.CircuitBreaker(
-            name=name, listeners=[self._recorder], throw_new_error_on_trip=False,
-            success_threshold=config.half_open_successes)
+            name=name, listeners=[self._recorder], throw_new_error_on_trip=False)
 
     # -- reading the state ------------------------------------------------
 
@@ -369,22 +368,17 @@ class CircuitBreaker:
         if config.window_seconds != self._config.window_seconds:
             self._window = self._window.resized(config.window_seconds)
         self._config = config
-        self._machine.success_threshold = config.half_open_successes
 
     def snapshot(self) -> dict[str, object]:
         """JSON-ready view for the admin API and logs."""
         state = self.state
         calls, failures = self._window.counts(self._clock())
-        has_rate = calls >= self._config.min_calls
+        has_rate = calls >= self._config.min_calls  # below min_calls there is no rate
         tier = self._tier
         return {
             "name": self.name,
             "state": state.value,
-            "tier": None if tier is None else {
-                "consecutive_failures": tier.consecutive_failures,
-                "error_rate": tier.error_rate,
-                "open_seconds": tier.open_seconds,
-            },
+            "tier": None if tier is None else asdict(tier),
             "open_until": self.seconds_until_half_open() if state is BreakerState.OPEN else None,
             "window": {
                 "seconds": self._window.seconds,

@@ -7,7 +7,10 @@ order after the wait has been computed (tenacity computes the wait, then asks
 1. attempts: at most ``max_attempts`` in all;
 2. the deadline: a wait that would reach past the request's deadline is not
    taken (waiting and then failing anyway helps nobody);
-3. the retry budget of the pool (:mod:`gateway.resilience.budget`).
+3. the retry budget of the pool (:mod:`gateway.resilience.budget`), except
+   for a failure that put no load on any backend (a refused connection):
+   the budget exists to cap the load retries add to a fleet, and retrying
+   such a failure adds none.
 
 The wait is the jittered backoff (:mod:`gateway.resilience.backoff`) unless
 the failure carries a ``Retry-After``, which replaces it.
@@ -67,14 +70,23 @@ class RetryPolicy:
         self._uniform = uniform
 
     def retrying(self, *, deadline: Deadline, budget: RetryBudget, record: RetryRecord,
-                 retryable: Classifier, retry_after: RetryAfter) -> AsyncRetrying:
-        """A fresh loop for one request (tenacity loops keep per-run state)."""
+                 retryable: Classifier, retry_after: RetryAfter,
+                 free: Classifier) -> AsyncRetrying:
+        """A fresh loop for one request (tenacity loops keep per-run state).
+
+        ``free`` tells the failures whose retry the budget does not count.
+        """
 
         def stop(retry_state: RetryCallState) -> bool:
+            outcome = retry_state.outcome
+            error = outcome.exception() if outcome is not None else None
             if retry_state.attempt_number >= self.config.max_attempts:
                 record.stop_reason = "attempts"
             elif (retry_state.upcoming_sleep or 0.0) >= deadline.remaining():
                 record.stop_reason = "deadline"
+            elif error is not None and free(error):
+                record.waits.append(retry_state.upcoming_sleep or 0.0)
+                return False
             elif not budget.try_begin_retry():
                 record.stop_reason = "budget"
             else:

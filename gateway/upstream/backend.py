@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import aiohttp
 
 from gateway.config import BackendConfig, Timeouts
 from gateway.resilience.breaker import CircuitBreaker
+
+_EWMA_ALPHA = 0.2
+"""Weight of the newest outcome: about the last ten calls count."""
+_EWMA_HALF_LIFE_S = 5.0
+"""Without new calls, the failure ratio halves every this many seconds."""
 
 
 class Backend:
@@ -24,6 +30,8 @@ class Backend:
         self.timeouts: Timeouts = config.timeouts
         self.breaker = breaker
         self.in_flight = 0
+        self._failure_ewma = 0.0
+        self._ewma_at = 0.0
         self._release_listeners: list[Callable[[], None]] = []
         self._api_key = config.api_key()
         self._session: aiohttp.ClientSession | None = None
@@ -51,6 +59,21 @@ class Backend:
     def on_release(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever a slot frees up (pools wake their waiters)."""
         self._release_listeners.append(listener)
+
+    def failure_ratio(self, now: float) -> float:
+        """Recent failure ratio, for steering traffic away from a failing backend.
+
+        An exponentially weighted average over the last calls that also fades
+        with time: a backend that failed once and then got no traffic (because
+        it was avoided) is trusted again after a few seconds.
+        """
+        return self._failure_ewma * 0.5 ** ((now - self._ewma_at) / _EWMA_HALF_LIFE_S)
+
+    def record_outcome(self, *, failed: bool) -> None:
+        now = time.monotonic()
+        ratio = self.failure_ratio(now)
+        self._failure_ewma = ratio + _EWMA_ALPHA * (float(failed) - ratio)
+        self._ewma_at = now
 
     def release(self) -> None:
         """Give back the slot a pool took for a request."""

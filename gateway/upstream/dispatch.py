@@ -50,10 +50,8 @@ class Dispatched:
         """Report the call's outcome to the breaker and give the slot back."""
         if ignore:
             self.permit.ignore()
-        elif backend_failed:
-            self.permit.failure()
         else:
-            self.permit.success()
+            settle(self.backend, self.permit, failed=backend_failed)
         self.backend.release()
 
 
@@ -94,7 +92,8 @@ class Dispatcher:
         budget = self.budget_for(pool)
         budget.active_requests += 1
         retrying = self.policy.retrying(deadline=deadline, budget=budget, record=request.record,
-                                        retryable=self._retryable, retry_after=self._retry_after)
+                                        retryable=self._retryable, retry_after=self._retry_after,
+                                        free=_put_no_load)
         try:
             async for attempt in retrying:
                 with attempt:
@@ -131,7 +130,7 @@ class Dispatcher:
             if not request.stream or response.content_type != "text/event-stream":
                 body = await read_whole_body(backend, response, backend.timeouts.stream_max)
         except AttemptFailed as failed:
-            _report(permit, failed)
+            _report(backend, permit, failed)
             backend.release()
             request.last_failure = failed
             raise
@@ -140,7 +139,7 @@ class Dispatcher:
             backend.release()
             raise
         if body is not None:
-            permit.success()
+            settle(backend, permit, failed=False)
         return Dispatched(backend, response, body, permit, attempts=len(request.tried))
 
     def _retryable(self, error: BaseException) -> bool:
@@ -156,10 +155,24 @@ class Dispatcher:
         return None
 
 
-def _report(permit: Permit, failed: AttemptFailed) -> None:
+def _put_no_load(error: BaseException) -> bool:
+    """A refused connection: the backend never saw the request."""
+    return isinstance(error, AttemptFailed) and error.failure is Failure.CONNECT_ERROR
+
+
+def settle(backend: Backend, permit: Permit, *, failed: bool) -> None:
+    """Report a call's outcome to the backend's breaker and to its routing health."""
+    if failed:
+        permit.failure()
+    else:
+        permit.success()
+    backend.record_outcome(failed=failed)
+
+
+def _report(backend: Backend, permit: Permit, failed: AttemptFailed) -> None:
     """Failures for a breaker: connection errors, timeouts, 5xx. Not 4xx, not 429."""
     if failed.failure is Failure.HTTP_STATUS and (failed.status or 500) < 500:
         permit.ignore()
     else:
-        permit.failure()
+        settle(backend, permit, failed=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import deque
 from collections.abc import Collection, Iterable
 
@@ -22,9 +23,13 @@ from gateway.upstream.backend import Backend
 class Pool:
     """The backends that serve one model.
 
-    A backend's load is its requests in flight divided by its weight; the pick
-    is the least loaded among those that admit a call, ties broken at random in
-    proportion to weight (so an idle pool spreads traffic by weight).
+    The pick is the least loaded backend among those that admit a call, ties
+    broken at random in proportion to weight (so an idle pool spreads traffic
+    by weight). A backend's load is ``(in flight + 1) / weight``, divided by
+    the square of its recent success ratio: a backend that fails fast has
+    nothing in flight and would otherwise draw every request (the "black hole"
+    of least-request balancing) until its breaker opens, and one that fails
+    half its calls would cost a retry for every other request it gets.
     """
 
     def __init__(self, model: str, backends: Iterable[Backend],
@@ -94,11 +99,18 @@ class Pool:
                 return
 
 
+def _load(backend: Backend, now: float) -> float:
+    success = 1.05 - backend.failure_ratio(now)  # never 0: a dead backend stays pickable
+    return (backend.in_flight + 1) / backend.config.weight / (success * success)
+
+
 def _least_loaded(candidates: list[Backend]) -> Backend | None:
     if len(candidates) <= 1:
         return candidates[0] if candidates else None
-    best = min(b.in_flight / b.config.weight for b in candidates)
-    tied = [b for b in candidates if b.in_flight / b.config.weight == best]
+    now = time.monotonic()
+    loads = [_load(b, now) for b in candidates]
+    best = min(loads)
+    tied = [b for b, load in zip(candidates, loads, strict=True) if load == best]
     if len(tied) == 1:
         return tied[0]
     return random.choices(tied, weights=[b.config.weight for b in tied])[0]
