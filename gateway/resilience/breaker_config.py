@@ -65,7 +65,9 @@ class BreakerConfig:
     )
     """Most severe first (strictly decreasing ``consecutive_failures``)."""
     shared: bool = False
-    """Reserved: publish "open" to the other replicas through Redis (not implemented yet)."""
+    """Publish every trip to the other replicas through Redis, so they open it too."""
+    redis_url: str = ""
+    """The Redis that carries shared trips (required when ``shared``)."""
 
 
 def parse_breaker(table: Table) -> BreakerConfig:
@@ -85,7 +87,10 @@ def parse_breaker(table: Table) -> BreakerConfig:
             "half_open_successes", defaults.half_open_successes, minimum=1),
         tiers=_tiers(table) if table.has("tiers") else defaults.tiers,
         shared=table.boolean("shared", defaults.shared),
+        redis_url=table.string("redis_url", "", non_empty=False),
     )
+    if config.shared and not config.redis_url.startswith(("redis://", "rediss://")):
+        raise table.error("redis_url", "a redis:// URL when shared = true", config.redis_url)
     table.finish()
     return config
 
