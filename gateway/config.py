@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from gateway.configreader import ConfigError, Table
 from gateway.resilience.breaker_config import BreakerConfig, parse_breaker
 from gateway.resilience.settings import RetryConfig, SheddingConfig, parse_retry, parse_shedding
+from gateway.upstream.stream_policy import StreamPolicy, parse_stream_policy
 
 DEFAULT_CONFIG_PATH = "config.toml"
 CONFIG_ENV = "GATEWAY_CONFIG"
@@ -81,6 +82,8 @@ class ModelConfig:
     name: str
     fallbacks: tuple[str, ...] = ()
     """Models to try, in order, when no backend of this one admits a call."""
+    streams: StreamPolicy = field(default_factory=StreamPolicy)
+    """This model's streaming policy (``[models.streams]`` over ``[streams]``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class GatewayConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
+    streams: StreamPolicy = field(default_factory=StreamPolicy)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -110,6 +114,12 @@ class GatewayConfig:
             if settings.name == model:
                 return settings.fallbacks
         return ()
+
+    def stream_policy(self, model: str) -> StreamPolicy:
+        for settings in self.model_settings:
+            if settings.name == model:
+                return settings.streams
+        return self.streams
 
     def missing_secrets(self) -> list[str]:
         """Environment variables named by the file but not set."""
@@ -144,9 +154,10 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
     server = _server(root.table("server"))
     timeouts = _timeouts(root.table("timeouts"), Timeouts())
     backends = _backends(root, timeouts)
+    streams = parse_stream_policy(root.table("streams"), StreamPolicy())
     config = GatewayConfig(
         source=source, server=server, timeouts=timeouts, backends=backends,
-        model_settings=_models(root, backends),
+        model_settings=_models(root, backends, streams), streams=streams,
         retry=parse_retry(root.table("retry")),
         breaker=parse_breaker(root.table("breaker")),
         shedding=parse_shedding(root.table("shedding")),
@@ -155,7 +166,8 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
     return config
 
 
-def _models(root: Table, backends: tuple[BackendConfig, ...]) -> tuple[ModelConfig, ...]:
+def _models(root: Table, backends: tuple[BackendConfig, ...],
+            streams: StreamPolicy) -> tuple[ModelConfig, ...]:
     tables = list(root.tables("models"))
     served = {model for backend in backends for model in backend.models}
     named = served | {t.string("name") for t in tables}
@@ -171,8 +183,9 @@ def _models(root: Table, backends: tuple[BackendConfig, ...]) -> tuple[ModelConf
             raise table.error("name", "a model some backend serves (or give it fallbacks)", name)
         if any(m.name == name for m in models):
             raise table.error("name", "a model no other [[models]] table names", name)
+        policy = parse_stream_policy(table.table("streams"), streams)
         table.finish()
-        models.append(ModelConfig(name=name, fallbacks=fallbacks))
+        models.append(ModelConfig(name=name, fallbacks=fallbacks, streams=policy))
     return tuple(models)
 
 

@@ -18,6 +18,8 @@ class StreamRecord:
     arrivals: list[float] = field(default_factory=list)
     """Seconds since the request was sent, one per event."""
     ended_by: str = "eof"
+    comments: list[str] = field(default_factory=list)
+    """SSE comment lines (``: ...``), e.g. the gateway's resume report."""
 
     @property
     def payloads(self) -> list[Any]:
@@ -56,6 +58,8 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                         if line.startswith(b"data:"):
                             record.events.append(line[5:].strip())
                             record.arrivals.append(time.monotonic() - start)
+                        elif line.startswith(b":"):
+                            record.comments.append(line[1:].strip().decode())
         except aiohttp.ClientPayloadError:
             record.ended_by = "payload_error"
         if buffer.strip():

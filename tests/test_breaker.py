@@ -325,13 +325,15 @@ def test_parse_defaults():
 def test_parse_every_key():
     config = parse("window_seconds = 30\nmin_calls = 4\nhalf_open_max_calls = 3\n"
                    "half_open_successes = 1\nshared = true\n"
+                   'redis_url = "redis://127.0.0.1:7000/0"\n'
                    "[[breaker.tiers]]\nconsecutive_failures = 8\nerror_rate = 1\n"
                    "open_seconds = 300\n"
                    "[[breaker.tiers]]\nconsecutive_failures = 2\nerror_rate = 0.9\n"
                    "open_seconds = 0.5\n")
     assert config == BreakerConfig(
         window_seconds=30.0, min_calls=4, half_open_max_calls=3, half_open_successes=1,
-        shared=True, tiers=(BreakerTier(8, 1.0, 300.0), BreakerTier(2, 0.9, 0.5)))
+        shared=True, redis_url="redis://127.0.0.1:7000/0",
+        tiers=(BreakerTier(8, 1.0, 300.0), BreakerTier(2, 0.9, 0.5)))
 
 
 def tier(consecutive: object = 5, rate: object = 0.5, seconds: object = 10) -> str:
@@ -346,6 +348,7 @@ def tier(consecutive: object = 5, rate: object = 0.5, seconds: object = 10) -> s
     ("half_open_successes = 1.5\n", "breaker.half_open_successes: expected an integer >= 1"),
     ('shared = "yes"\n', 'breaker.shared: expected true or false, got "yes"'),
     ("min_cals = 3\n", "breaker.min_cals: unknown key"),
+    ("shared = true\n", 'breaker.redis_url: expected a redis:// URL when shared = true, got ""'),
     ("tiers = []\n", "breaker.tiers: expected at least one [[breaker.tiers]] table, got []"),
     ("tiers = 3\n", "breaker.tiers: expected an array of tables"),
     (tier(consecutive=0), "breaker.tiers[0].consecutive_failures: expected an integer >= 1"),

@@ -86,9 +86,10 @@ async def test_500_is_retried_only_when_listed(sims, gateways, http):
 
 async def test_no_retry_after_the_first_byte(sims, gateways, http):
     first, second = await sims(), await sims()
+    # Resuming a broken stream (max_resumes) is another feature: off here.
     gateway = await gateways(config_text(
         [BackendSpec("a", first.url), BackendSpec("b", second.url)],
-        retry="base = 0.01", extra=NO_TRIP))
+        retry="base = 0.01", extra=NO_TRIP + "[streams]\nmax_resumes = 0\n"))
     record = await stream(http, f"{gateway.url}/v1/chat/completions", {**CHAT, "stream": True},
                           headers={"X-Sim-Drop-After": "2"})
     assert record.text() == answer_text(0, 2)

@@ -18,12 +18,12 @@ from gateway.http.errors import GatewayError
 from gateway.http.headers import client_headers, upstream_headers
 from gateway.http.request_id import HEADER as REQUEST_ID
 from gateway.http.request_id import KEY as REQUEST_ID_KEY
+from gateway.http.streaming import StreamJob, answer_stream
 from gateway.resilience.deadline import Deadline
 from gateway.upstream.attempt import AttemptFailed, Failure
 from gateway.upstream.backend import Backend
 from gateway.upstream.dispatch import Dispatched, Dispatcher, NoBackendAdmits
 from gateway.upstream.pool import Pool
-from gateway.upstream.relay import relay_stream
 
 BACKEND_HEADER = "X-Gateway-Backend"
 MODEL_HEADER = "X-Gateway-Model"
@@ -49,14 +49,21 @@ class Proxy:
             pool = self._pools.get(model)
             if pool is None:
                 continue
+            payload = body.raw
+            if pool.model != body.model:
+                # A fallback model: its backends expect their own model name.
+                payload = orjson.dumps({**body.data, "model": pool.model})
+            job = self._job(request, endpoint, body, pool)
             try:
-                dispatched = await self._dispatch(request, endpoint, body, pool, deadline)
+                dispatched = await self._dispatcher.dispatch(
+                    pool, endpoint.path, payload, stream=body.stream,
+                    headers_for=job.headers_for, deadline=deadline, read=job.policy.read)
             except NoBackendAdmits as refused:
                 refusals.append(refused)
                 continue
             except AttemptFailed as failed:
                 return _failure_response(failed, request[REQUEST_ID_KEY])
-            return await self._respond(request, body, model, dispatched)
+            return await self._respond(request, job, model, dispatched)
         raise _nothing_admits(body.model, refusals)
 
     def _model_chain(self, model: str) -> list[str]:
@@ -72,21 +79,18 @@ class Proxy:
                 pending.extend(self._config.fallbacks(current))
         return chain
 
-    async def _dispatch(self, request: web.Request, endpoint: Endpoint, body: InferenceBody,
-                        pool: Pool, deadline: Deadline) -> Dispatched:
+    def _job(self, request: web.Request, endpoint: Endpoint, body: InferenceBody,
+             pool: Pool) -> StreamJob:
         rid = request[REQUEST_ID_KEY]
-        payload = body.raw
-        if pool.model != body.model:
-            # A fallback model: its backends expect their own model name.
-            payload = orjson.dumps({**body.data, "model": pool.model})
 
         def headers_for(backend: Backend) -> dict[str, str]:
             return upstream_headers(request.headers, rid, backend.api_key)
 
-        return await self._dispatcher.dispatch(pool, endpoint.path, payload, stream=body.stream,
-                                               headers_for=headers_for, deadline=deadline)
+        data = body.data if pool.model == body.model else {**body.data, "model": pool.model}
+        return StreamJob(pool, endpoint.path, data, headers_for,
+                         self._config.stream_policy(pool.model), self._config.timeouts.total)
 
-    async def _respond(self, request: web.Request, body: InferenceBody, model: str,
+    async def _respond(self, request: web.Request, job: StreamJob, model: str,
                        dispatched: Dispatched) -> web.StreamResponse:
         upstream = dispatched.response
         headers = client_headers(upstream.headers)
@@ -97,13 +101,8 @@ class Proxy:
         if dispatched.body is not None:
             dispatched.finish()
             return web.Response(status=upstream.status, body=dispatched.body, headers=headers)
-        try:
-            response, outcome = await relay_stream(request, upstream, dispatched.backend, headers)
-        except BaseException:
-            dispatched.finish(ignore=True)
-            raise
-        dispatched.finish(backend_failed=outcome.backend_failed, ignore=outcome.client_gone)
-        return response
+        result = await answer_stream(request, headers, dispatched, job, self._dispatcher)
+        return result.response
 
 
 def _failure_response(failed: AttemptFailed, rid: str) -> web.Response:

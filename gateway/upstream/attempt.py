@@ -59,11 +59,12 @@ class AttemptFailed(Exception):
 
 
 async def open_response(backend: Backend, path: str, body: bytes, headers: dict[str, str],
-                        deadline: Deadline) -> aiohttp.ClientResponse:
+                        deadline: Deadline, read: float = 0.0) -> aiohttp.ClientResponse:
     """POST ``body`` to ``backend`` and return its 2xx response, headers read, body not.
 
     The wait is bounded by the connect and read timeouts (on the backend's
-    session), by the request's deadline, and by the backend's own ``total``.
+    session, or ``read`` when given), by the request's deadline, and by the
+    backend's own ``total``.
     The caller must ``release()`` the returned response.
     """
     budget = min(deadline.remaining(), backend.timeouts.total)
@@ -71,7 +72,16 @@ async def open_response(backend: Backend, path: str, body: bytes, headers: dict[
         raise AttemptFailed(backend, Failure.DEADLINE, "the request's deadline has passed")
     try:
         async with asyncio.timeout(budget):
-            response = await backend.session.post(backend.url(path), data=body, headers=headers)
+            # A per-request timeout replaces the session's whole ClientTimeout,
+            # and timeout=None would mean "no timeouts at all": pass one only
+            # when it differs (see NOTES.md).
+            timeout = backend.read_timeout(read)
+            if timeout is None:
+                response = await backend.session.post(backend.url(path), data=body,
+                                                      headers=headers)
+            else:
+                response = await backend.session.post(backend.url(path), data=body,
+                                                      headers=headers, timeout=timeout)
             if response.status < 300:
                 return response
             error_body = await _read_error_body(response)
@@ -82,7 +92,7 @@ async def open_response(backend: Backend, path: str, body: bytes, headers: dict[
     except aiohttp.SocketTimeoutError:
         raise AttemptFailed(backend, Failure.READ_TIMEOUT,
                             f"backend {backend.name}: no response within "
-                            f"{backend.timeouts.read:g} s (read timeout)") from None
+                            f"{read or backend.timeouts.read:g} s (read timeout)") from None
     except TimeoutError:
         raise AttemptFailed(backend, Failure.DEADLINE,
                             f"backend {backend.name}: no response before the deadline") from None

@@ -33,6 +33,7 @@ class Backend:
         self._failure_ewma = 0.0
         self._ewma_at = 0.0
         self._release_listeners: list[Callable[[], None]] = []
+        self._timeouts_by_read: dict[float, aiohttp.ClientTimeout] = {}
         self._api_key = config.api_key()
         self._session: aiohttp.ClientSession | None = None
 
@@ -48,6 +49,17 @@ class Backend:
 
     def url(self, path: str) -> str:
         return self.config.url + path
+
+    def read_timeout(self, read: float) -> aiohttp.ClientTimeout | None:
+        """A per-request timeout with another ``read``; None when it is the session's."""
+        if not read or read == self.timeouts.read:
+            return None
+        timeout = self._timeouts_by_read.get(read)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=None, connect=None,
+                                            sock_connect=self.timeouts.connect, sock_read=read)
+            self._timeouts_by_read[read] = timeout
+        return timeout
 
     def has_capacity(self) -> bool:
         return self.in_flight < self.config.max_concurrency

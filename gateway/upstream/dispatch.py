@@ -8,7 +8,7 @@ loop (:mod:`gateway.resilience.retry`) decides whether it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -64,6 +64,8 @@ class _Request:
     headers_for: HeadersFor
     deadline: Deadline
     record: RetryRecord = field(default_factory=RetryRecord)
+    exclude: Collection[Backend] = ()
+    read: float = 0.0
     tried: list[Backend] = field(default_factory=list)
     last_failure: AttemptFailed | None = None
 
@@ -82,13 +84,17 @@ class Dispatcher:
         return budget
 
     async def dispatch(self, pool: Pool, path: str, body: bytes, *, stream: bool,
-                       headers_for: HeadersFor, deadline: Deadline) -> Dispatched:
+                       headers_for: HeadersFor, deadline: Deadline,
+                       exclude: Collection[Backend] = (), read: float = 0.0) -> Dispatched:
         """Attempt until a backend answers; raise the last :class:`AttemptFailed` if none did.
 
+        Backends in ``exclude`` are never tried (a resumed stream must go
+        elsewhere); ``read`` replaces the backends' read timeout when set.
         Raises :class:`NoBackendAdmits` when not even a first attempt could start.
         The raised failure carries ``attempts`` and ``record`` for the caller.
         """
-        request = _Request(pool, path, body, stream, headers_for, deadline)
+        request = _Request(pool, path, body, stream, headers_for, deadline,
+                           exclude=exclude, read=read)
         budget = self.budget_for(pool)
         budget.active_requests += 1
         retrying = self.policy.retrying(deadline=deadline, budget=budget, record=request.record,
@@ -112,7 +118,7 @@ class Dispatcher:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _attempt(self, request: _Request) -> Dispatched:
-        backend = await request.pool.admit(request.tried, request.deadline)
+        backend = await request.pool.admit(request.tried, request.deadline, request.exclude)
         permit = backend.breaker.acquire() if backend is not None else None
         if backend is None or permit is None:
             if backend is not None:
@@ -125,7 +131,8 @@ class Dispatcher:
         request.tried.append(backend)
         try:
             response = await open_response(backend, request.path, request.body,
-                                           request.headers_for(backend), request.deadline)
+                                           request.headers_for(backend), request.deadline,
+                                           request.read)
             body = None
             if not request.stream or response.content_type != "text/event-stream":
                 body = await read_whole_body(backend, response, backend.timeouts.stream_max)

@@ -42,9 +42,10 @@ class Pool:
         for backend in self.backends:
             backend.on_release(self._wake_one)
 
-    def pick(self, avoid: Collection[Backend] = ()) -> Backend | None:
-        """The backend to try next, preferring one not in ``avoid``."""
-        admitting = [b for b in self.backends if b.admits()]
+    def pick(self, avoid: Collection[Backend] = (),
+             exclude: Collection[Backend] = ()) -> Backend | None:
+        """The backend to try next, preferring one not in ``avoid``, never one in ``exclude``."""
+        admitting = [b for b in self.backends if b.admits() and b not in exclude]
         fresh = [b for b in admitting if b not in avoid]
         return _least_loaded(fresh or admitting)
 
@@ -59,20 +60,21 @@ class Pool:
         """Time until the first open breaker of this pool lets a probe through."""
         return min(b.breaker.seconds_until_half_open() for b in self.backends)
 
-    async def admit(self, avoid: Collection[Backend], deadline: Deadline) -> Backend | None:
+    async def admit(self, avoid: Collection[Backend], deadline: Deadline,
+                    exclude: Collection[Backend] = ()) -> Backend | None:
         """A backend with a slot taken for this request, or None when shed.
 
         The caller must ``release()`` the backend once the request is done.
         """
-        backend = self.pick(avoid)
+        backend = self.pick(avoid, exclude)
         if backend is None and not self.all_refused_by_breakers():
-            backend = await self._wait_for_slot(avoid, deadline)
+            backend = await self._wait_for_slot(avoid, deadline, exclude)
         if backend is not None:
             backend.in_flight += 1
         return backend
 
-    async def _wait_for_slot(self, avoid: Collection[Backend],
-                             deadline: Deadline) -> Backend | None:
+    async def _wait_for_slot(self, avoid: Collection[Backend], deadline: Deadline,
+                             exclude: Collection[Backend]) -> Backend | None:
         if len(self._waiters) >= self.shedding.max_queue:
             return None
         loop = asyncio.get_running_loop()
@@ -87,7 +89,7 @@ class Pool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-            if (backend := self.pick(avoid)) is not None:
+            if (backend := self.pick(avoid, exclude)) is not None:
                 return backend
         return None
 
