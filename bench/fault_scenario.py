@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gateway.app import BACKENDS
+from gateway.app import RUNTIME
 from gateway.config import parse_config
 from gateway.resilience.breaker import BreakerState
 from gateway.sim import SimServer, SimSettings, start_sim
@@ -83,7 +83,7 @@ async def run_scenario(clients: int, seconds: float) -> ScenarioResult:
     sims: list[SimServer] = [dead, flaky, good]
     gateway = await RunningGateway(parse_config(
         scenario_config(dead.url, flaky.url, good.url), source="scenario.toml")).start()
-    dead_breaker = next(b.breaker for b in gateway.app[BACKENDS] if b.name == "dead")
+    dead_breaker = gateway.app[RUNTIME].current.backends["dead"].breaker
     result = ScenarioResult()
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:

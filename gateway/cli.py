@@ -88,6 +88,9 @@ def _serve_problems(config: GatewayConfig) -> list[str]:
         problems.append(f"--workers: expected at least 1, got {config.server.workers}")
     if config.server.workers > 1 and config.server.port == 0:
         problems.append("several workers need a fixed port (port 0 would give each its own)")
+    if config.server.workers > 1 and config.sessions.enabled and config.sessions.store == "memory":
+        problems.append('sessions.store = "memory" keeps sessions inside one process: with '
+                        'several workers use "redis", "cluster" or "sharded"')
     return problems
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from gateway.configreader import ConfigError, Table
 from gateway.resilience.breaker_config import BreakerConfig, parse_breaker
 from gateway.resilience.settings import RetryConfig, SheddingConfig, parse_retry, parse_shedding
+from gateway.sessions.settings import SessionsConfig, parse_sessions
 from gateway.upstream.stream_policy import StreamPolicy, parse_stream_policy
 
 DEFAULT_CONFIG_PATH = "config.toml"
@@ -56,6 +57,10 @@ class ServerConfig:
     port: int = 8080
     max_body_bytes: int = 4 * 1024 * 1024
     workers: int = 1
+    drain_seconds: float = 30.0
+    """At shutdown, how long requests and streams in flight may take to finish."""
+    shutdown_grace_seconds: float = 1.0
+    """At shutdown, how long new connections are still accepted after /readyz turned 503."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ class GatewayConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
     streams: StreamPolicy = field(default_factory=StreamPolicy)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -161,6 +167,7 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
         retry=parse_retry(root.table("retry")),
         breaker=parse_breaker(root.table("breaker")),
         shedding=parse_shedding(root.table("shedding")),
+        sessions=parse_sessions(root.table("sessions")),
     )
     root.finish()
     return config
@@ -196,6 +203,9 @@ def _server(table: Table) -> ServerConfig:
         port=table.integer("port", defaults.port, minimum=0, maximum=65535),
         max_body_bytes=table.integer("max_body_bytes", defaults.max_body_bytes, minimum=1),
         workers=table.integer("workers", defaults.workers, minimum=1, maximum=512),
+        drain_seconds=table.seconds("drain_seconds", defaults.drain_seconds, allow_zero=True),
+        shutdown_grace_seconds=table.seconds("shutdown_grace_seconds",
+                                             defaults.shutdown_grace_seconds, allow_zero=True),
     )
     table.finish()
     return server

@@ -18,8 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.app import build_app
-from gateway.config import GatewayConfig
+from gateway.app import RUNTIME, build_app
+from gateway.config import ConfigError, GatewayConfig
+from gateway.http.admin import reload_from_file
+from gateway.runtime import RuntimeHolder
 
 log = logging.getLogger("gateway.server")
 
@@ -45,7 +47,10 @@ def serve(config: GatewayConfig) -> int:
 
 
 async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
-    runner = web.AppRunner(build_app(config), access_log=None, handle_signals=False)
+    """Serve until SIGTERM/SIGINT, then drain: see :func:`_drain`. SIGHUP reloads."""
+    app = build_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           shutdown_timeout=config.server.drain_seconds)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port,
                        reuse_port=reuse_port, backlog=1024)
@@ -57,10 +62,43 @@ async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(_reload(app[RUNTIME]))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await _drain(app[RUNTIME], runner, config)
+
+
+async def _drain(holder: RuntimeHolder, runner: web.AppRunner, config: GatewayConfig) -> None:
+    """Shut down without dropping a request.
+
+    ``/readyz`` turns 503 at once so load balancers stop sending; new
+    connections are still accepted for ``shutdown_grace_seconds`` (while the
+    balancers notice); then the listener closes and requests and streams in
+    flight get up to ``drain_seconds`` to finish, before the components
+    flush and close (``on_cleanup``).
+    """
+    holder.draining = True
+    log.info("draining: readiness off, %.1f s grace, up to %.1f s for requests in flight",
+             config.server.shutdown_grace_seconds, config.server.drain_seconds)
+    await asyncio.sleep(config.server.shutdown_grace_seconds)
+    await runner.cleanup()
+
+
+async def _reload(holder: RuntimeHolder) -> None:
+    try:
+        report = await reload_from_file(holder)
+    except ConfigError as exc:
+        log.error("reload refused, the running configuration stays: %s", exc)
+        return
+    log.warning("configuration reloaded: %s", report)
 
 
 def _worker_main(config: GatewayConfig) -> None:

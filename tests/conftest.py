@@ -33,12 +33,12 @@ async def sims() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
 
 
 @pytest.fixture
-async def gateways() -> AsyncIterator[Callable[[str], Awaitable[RunningGateway]]]:
+async def gateways() -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
     """Start gateways from configuration text; all are stopped at the end."""
     started: list[RunningGateway] = []
 
-    async def start(text: str) -> RunningGateway:
-        gateway = await start_gateway(text)
+    async def start(text: str, source: str = "test.toml") -> RunningGateway:
+        gateway = await start_gateway(text, source)
         started.append(gateway)
         return gateway
 

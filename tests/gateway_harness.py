@@ -56,8 +56,9 @@ class RunningGateway:
         await self._runner.cleanup()
 
 
-async def start_gateway(text: str) -> RunningGateway:
-    return await RunningGateway(parse_config(text, source="test.toml")).start()
+async def start_gateway(text: str, source: str = "test.toml") -> RunningGateway:
+    """A gateway for ``text``; ``source`` is the file a reload would re-read."""
+    return await RunningGateway(parse_config(text, source=source)).start()
 
 
 def closed_port() -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.app import BACKENDS
+from gateway.app import RUNTIME
 from gateway.resilience.breaker import CircuitBreaker
 from gateway.sim import SimServer
 from tests.gateway_harness import RunningGateway
@@ -29,7 +29,7 @@ def inference_requests(sim: SimServer) -> int:
 
 
 def breaker(gateway: RunningGateway, name: str) -> CircuitBreaker:
-    return next(b.breaker for b in gateway.app[BACKENDS] if b.name == name)
+    return gateway.app[RUNTIME].current.backends[name].breaker
 
 
 async def post(http: aiohttp.ClientSession, gateway: RunningGateway,

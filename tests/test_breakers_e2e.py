@@ -57,7 +57,8 @@ async def test_an_open_backend_gets_no_traffic_and_the_other_takes_it(sims, gate
     await set_faults(http, bad, status=503)
     gateway = await gateways(config_text(
         [BackendSpec("bad", bad.url), BackendSpec("good", good.url)],
-        retry="base = 0.01\nbudget_min_concurrency = 10", extra=_breaker_config(3, open_seconds=60)))
+        retry="base = 0.01\nbudget_min_concurrency = 10",
+        extra=_breaker_config(3, open_seconds=60)))
     # Concurrent batches, so that "bad" keeps being picked while "good" is busy
     # (the pool steers away from a failing backend) until its breaker opens.
     for _ in range(10):

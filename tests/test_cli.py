@@ -42,9 +42,18 @@ def test_serve_refuses_a_missing_secret(tmp_path):
     assert "GW_ABSENT_KEY_FOR_TEST is not set" in result.stderr
 
 
-def _config_for(sim_url: str, port: int = 0, workers: int = 1) -> str:
+def _config_for(sim_url: str, port: int = 0, workers: int = 1, sessions: bool = True) -> str:
     return (f'[server]\nport = {port}\nworkers = {workers}\n'
+            f"[sessions]\nenabled = {str(sessions).lower()}\n"
             f'[[backends]]\nname = "sim"\nurl = "{sim_url}"\nmodels = ["sim-model"]\n')
+
+
+def test_in_process_sessions_are_refused_with_several_workers(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(_config_for("http://127.0.0.1:9", port=closed_port()))
+    result = _run("serve", "--config", str(config), "--workers", "2")
+    assert result.returncode == 2
+    assert 'sessions.store = "memory" keeps sessions inside one process' in result.stderr
 
 
 async def test_sim_and_serve_commands_work_end_to_end(tmp_path):
@@ -73,7 +82,7 @@ async def test_workers_share_one_port(tmp_path):
         sim_url = sim.listening_url("sim listening on")
         port = closed_port()
         config = tmp_path / "gw.toml"
-        config.write_text(_config_for(sim_url, port=port))
+        config.write_text(_config_for(sim_url, port=port, sessions=False))
         gateway = Process("serve", "--config", str(config), "--workers", "2")
         try:
             gateway.wait_for_line("gateway listening on")

@@ -23,6 +23,7 @@ HOP_BY_HOP = frozenset({
 _NOT_FORWARDED = HOP_BY_HOP | {
     "host", "content-length", "content-type", "authorization", "api-key", "cookie",
     "accept-encoding", "forwarded", "x-real-ip", "x-request-id", "expect",
+    "x-session-id",  # the gateway supplies the history; the backend needs no id
 }
 _NOT_FORWARDED_PREFIXES = ("x-forwarded-", "proxy-")
 

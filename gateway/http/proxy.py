@@ -7,22 +7,24 @@ a call), dispatch with retries under one deadline, relay the answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 
 import orjson
 from aiohttp import web
 
-from gateway.config import GatewayConfig
-from gateway.http.body import Endpoint, InferenceBody, parse_inference_body, read_body
+from gateway.http.body import CHAT, Endpoint, InferenceBody, parse_inference_body, read_body
+from gateway.http.context import tenant_of
 from gateway.http.errors import GatewayError
 from gateway.http.headers import client_headers, upstream_headers
 from gateway.http.request_id import HEADER as REQUEST_ID
 from gateway.http.request_id import KEY as REQUEST_ID_KEY
 from gateway.http.streaming import StreamJob, answer_stream
 from gateway.resilience.deadline import Deadline
+from gateway.runtime import Runtime, RuntimeHolder
+from gateway.sessions import DEGRADED_HEADER, SESSION_HEADER, SessionBinding, SessionService
 from gateway.upstream.attempt import AttemptFailed, Failure
 from gateway.upstream.backend import Backend
-from gateway.upstream.dispatch import Dispatched, Dispatcher, NoBackendAdmits
+from gateway.upstream.dispatch import Dispatched, NoBackendAdmits
 from gateway.upstream.pool import Pool
 
 BACKEND_HEADER = "X-Gateway-Backend"
@@ -33,29 +35,29 @@ ATTEMPTS_HEADER = "X-Gateway-Attempts"
 class Proxy:
     """Serves the OpenAI-compatible inference endpoints."""
 
-    def __init__(self, config: GatewayConfig, pools: Mapping[str, Pool],
-                 dispatcher: Dispatcher) -> None:
-        self._config = config
-        self._pools = pools
-        self._dispatcher = dispatcher
+    def __init__(self, holder: RuntimeHolder, sessions: SessionService | None) -> None:
+        self._holder = holder
+        self._sessions = sessions
 
     async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        raw = await read_body(request, self._config.server.max_body_bytes)
+        runtime = self._holder.current  # this request keeps it, even across a reload
+        raw = await read_body(request, runtime.config.server.max_body_bytes)
         body = parse_inference_body(raw, endpoint)
-        chain = self._model_chain(body.model)
-        deadline = Deadline.after(self._config.timeouts.total)
+        chain = _model_chain(runtime, body.model)
+        binding = await self._bind_session(request, endpoint, body)
+        if binding is not None:
+            body = InferenceBody(raw=binding.request_body(), data=binding.request_data(),
+                                 model=body.model, stream=body.stream)
+        deadline = Deadline.after(runtime.config.timeouts.total)
         refusals: list[NoBackendAdmits] = []
         for model in chain:
-            pool = self._pools.get(model)
+            pool = runtime.pools.get(model)
             if pool is None:
                 continue
-            payload = body.raw
-            if pool.model != body.model:
-                # A fallback model: its backends expect their own model name.
-                payload = orjson.dumps({**body.data, "model": pool.model})
-            job = self._job(request, endpoint, body, pool)
+            job = _job(request, runtime, endpoint, body, pool)
+            payload = body.raw if job.data is body.data else orjson.dumps(job.data)
             try:
-                dispatched = await self._dispatcher.dispatch(
+                dispatched = await runtime.dispatcher.dispatch(
                     pool, endpoint.path, payload, stream=body.stream,
                     headers_for=job.headers_for, deadline=deadline, read=job.policy.read)
             except NoBackendAdmits as refused:
@@ -63,46 +65,81 @@ class Proxy:
                 continue
             except AttemptFailed as failed:
                 return _failure_response(failed, request[REQUEST_ID_KEY])
-            return await self._respond(request, job, model, dispatched)
+            return await _respond(request, runtime, job, model, dispatched, binding)
         raise _nothing_admits(body.model, refusals)
 
-    def _model_chain(self, model: str) -> list[str]:
-        """The model and its fallbacks, transitively, each once."""
-        if model not in self._pools and not self._config.fallbacks(model):
-            raise GatewayError(404, f"model '{model}' is not served by this gateway",
-                               code="model_not_found")
-        chain, pending = [], [model]
-        while pending:
-            current = pending.pop(0)
-            if current not in chain:
-                chain.append(current)
-                pending.extend(self._config.fallbacks(current))
-        return chain
+    async def _bind_session(self, request: web.Request, endpoint: Endpoint,
+                            body: InferenceBody) -> SessionBinding | None:
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            return None
+        if self._sessions is None:
+            raise GatewayError(400, f"{SESSION_HEADER} was sent but sessions are disabled "
+                                    "on this gateway", code="sessions_disabled")
+        if endpoint is not CHAT:
+            raise GatewayError(400, f"{SESSION_HEADER} is only supported on {CHAT.path}",
+                               code="invalid_request")
+        return await self._sessions.bind(tenant_of(request), session_id, body.data)
 
-    def _job(self, request: web.Request, endpoint: Endpoint, body: InferenceBody,
-             pool: Pool) -> StreamJob:
-        rid = request[REQUEST_ID_KEY]
 
-        def headers_for(backend: Backend) -> dict[str, str]:
-            return upstream_headers(request.headers, rid, backend.api_key)
+def _model_chain(runtime: Runtime, model: str) -> list[str]:
+    """The model and its fallbacks, transitively, each once."""
+    config = runtime.config
+    if model not in runtime.pools and not config.fallbacks(model):
+        raise GatewayError(404, f"model '{model}' is not served by this gateway",
+                           code="model_not_found")
+    chain, pending = [], [model]
+    while pending:
+        current = pending.pop(0)
+        if current not in chain:
+            chain.append(current)
+            pending.extend(config.fallbacks(current))
+    return chain
 
-        data = body.data if pool.model == body.model else {**body.data, "model": pool.model}
-        return StreamJob(pool, endpoint.path, data, headers_for,
-                         self._config.stream_policy(pool.model), self._config.timeouts.total)
 
-    async def _respond(self, request: web.Request, job: StreamJob, model: str,
-                       dispatched: Dispatched) -> web.StreamResponse:
-        upstream = dispatched.response
-        headers = client_headers(upstream.headers)
-        headers[BACKEND_HEADER] = dispatched.backend.name
-        headers[MODEL_HEADER] = model
-        headers[ATTEMPTS_HEADER] = str(dispatched.attempts)
-        headers[REQUEST_ID] = request[REQUEST_ID_KEY]
-        if dispatched.body is not None:
-            dispatched.finish()
-            return web.Response(status=upstream.status, body=dispatched.body, headers=headers)
-        result = await answer_stream(request, headers, dispatched, job, self._dispatcher)
-        return result.response
+def _job(request: web.Request, runtime: Runtime, endpoint: Endpoint, body: InferenceBody,
+         pool: Pool) -> StreamJob:
+    rid = request[REQUEST_ID_KEY]
+
+    def headers_for(backend: Backend) -> dict[str, str]:
+        return upstream_headers(request.headers, rid, backend.api_key)
+
+    # A fallback model: its backends expect their own model name.
+    data = body.data if pool.model == body.model else {**body.data, "model": pool.model}
+    config = runtime.config
+    return StreamJob(pool, endpoint.path, data, headers_for, config.stream_policy(pool.model),
+                     config.timeouts.total)
+
+
+async def _respond(request: web.Request, runtime: Runtime, job: StreamJob, model: str,
+                   dispatched: Dispatched, binding: SessionBinding | None) -> web.StreamResponse:
+    rid = request[REQUEST_ID_KEY]
+    upstream = dispatched.response
+    headers = client_headers(upstream.headers)
+    headers[BACKEND_HEADER] = dispatched.backend.name
+    headers[MODEL_HEADER] = model
+    headers[ATTEMPTS_HEADER] = str(dispatched.attempts)
+    headers[REQUEST_ID] = rid
+    if dispatched.body is not None:
+        dispatched.finish()
+        if binding is not None:
+            binding.observe_json(dispatched.body)
+            await binding.commit(rid)  # before the answer: the next turn will find it
+            _mark_degraded(headers, binding)
+        return web.Response(status=upstream.status, body=dispatched.body, headers=headers)
+    if binding is None:
+        result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher)
+    else:
+        _mark_degraded(headers, binding)
+        result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher,
+                                     on_events=binding.observe_stream_events,
+                                     before_done=functools.partial(binding.commit, rid))
+    return result.response
+
+
+def _mark_degraded(headers: dict[str, str], binding: SessionBinding) -> None:
+    if binding.degraded:
+        headers[DEGRADED_HEADER] = "degraded"
 
 
 def _failure_response(failed: AttemptFailed, rid: str) -> web.Response:

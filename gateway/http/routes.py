@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import orjson
 from aiohttp import web
 
@@ -11,29 +9,29 @@ from gateway.http.body import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint
 from gateway.http.errors import JSON
 from gateway.http.middleware import Handler
 from gateway.http.proxy import Proxy
-from gateway.upstream.pool import Pool
+from gateway.runtime import Runtime, RuntimeHolder
 
 
-def add_routes(app: web.Application, proxy: Proxy, pools: Mapping[str, Pool]) -> None:
+def add_routes(app: web.Application, proxy: Proxy, holder: RuntimeHolder) -> None:
     def inference(endpoint: Endpoint) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await proxy.handle(request, endpoint)
         return handler
 
-    models_body = _models_body(pools)
+    models = _ModelList(holder)
 
     async def list_models(_: web.Request) -> web.Response:
-        return web.Response(body=models_body, content_type=JSON)
+        return web.Response(body=models.body(), content_type=JSON)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
 
     async def readyz(_: web.Request) -> web.Response:
-        ready = any(pool.any_admits() for pool in pools.values())
-        if ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not ready", "reason": "no backend admits a call"},
-                                 status=503)
+        if holder.draining:
+            return _not_ready("shutting down")
+        if not any(pool.any_admits() for pool in holder.current.pools.values()):
+            return _not_ready("no backend admits a call")
+        return web.json_response({"status": "ready"})
 
     app.router.add_post(CHAT.path, inference(CHAT))
     app.router.add_post(COMPLETIONS.path, inference(COMPLETIONS))
@@ -43,8 +41,23 @@ def add_routes(app: web.Application, proxy: Proxy, pools: Mapping[str, Pool]) ->
     app.router.add_get("/readyz", readyz)
 
 
-def _models_body(pools: Mapping[str, Pool]) -> bytes:
-    """The OpenAI model list; the set of models only changes with the config."""
-    data = [{"id": model, "object": "model", "created": 0, "owned_by": "gateway"}
-            for model in pools]
-    return orjson.dumps({"object": "list", "data": data})
+def _not_ready(reason: str) -> web.Response:
+    return web.json_response({"status": "not ready", "reason": reason}, status=503)
+
+
+class _ModelList:
+    """The OpenAI model list, rebuilt only when a reload changed the runtime."""
+
+    def __init__(self, holder: RuntimeHolder) -> None:
+        self._holder = holder
+        self._for: Runtime | None = None
+        self._body = b""
+
+    def body(self) -> bytes:
+        runtime = self._holder.current
+        if runtime is not self._for:
+            data = [{"id": model, "object": "model", "created": 0, "owned_by": "gateway"}
+                    for model in runtime.config.models]
+            self._body = orjson.dumps({"object": "list", "data": data})
+            self._for = runtime
+        return self._body

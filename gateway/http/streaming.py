@@ -20,7 +20,7 @@ from gateway.upstream.dispatch import Dispatched, Dispatcher, HeadersFor, NoBack
 from gateway.upstream.pool import Pool
 from gateway.upstream.resume import Emitted, Splice, continuation_body, read_emitted
 from gateway.upstream.stream_policy import RESUMABLE, StreamPolicy, Violation
-from gateway.upstream.stream_relay import ClientStream, EventsObserver, LegOutcome
+from gateway.upstream.stream_relay import BeforeDone, ClientStream, EventsObserver, LegOutcome
 
 _BACKEND_FAULTS = RESUMABLE
 """Violations a backend is blamed for (its breaker counts a failure)."""
@@ -49,10 +49,16 @@ class StreamResult:
 
 async def answer_stream(request: web.Request, headers: dict[str, str], first: Dispatched,
                         job: StreamJob, dispatcher: Dispatcher,
-                        on_events: EventsObserver | None = None) -> StreamResult:
-    """Relay ``first`` to the client, continuing elsewhere when it breaks."""
+                        on_events: EventsObserver | None = None,
+                        before_done: BeforeDone | None = None) -> StreamResult:
+    """Relay ``first`` to the client, continuing elsewhere when it breaks.
+
+    ``on_events`` sees every run of events sent; ``before_done`` is awaited
+    before the final ``[DONE]`` goes out (a session stores its turn there, so
+    a client's next turn always finds it).
+    """
     stream = ClientStream(request, headers, keep_events=job.policy.max_resumes > 0,
-                          on_events=on_events)
+                          on_events=on_events, before_done=before_done)
     if not await stream.open():
         first.response.release()
         first.finish(ignore=True)

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable
 
 import orjson
 import redis.asyncio as redis
@@ -28,6 +28,8 @@ from gateway.resilience.breaker import BreakerState, CircuitBreaker
 log = logging.getLogger("gateway.breakers")
 
 CHANNEL = "gateway:breaker-trips"
+BreakerLookup = Callable[[str], CircuitBreaker | None]
+"""The current breaker of a backend by name (None: no such backend any more)."""
 _OP_TIMEOUT_S = 0.2
 _RECONNECT_MAX_S = 5.0
 
@@ -35,7 +37,7 @@ _RECONNECT_MAX_S = 5.0
 class SharedTrips:
     """Publishes local trips and applies the other replicas' trips."""
 
-    def __init__(self, redis_url: str, breakers: Mapping[str, CircuitBreaker]) -> None:
+    def __init__(self, redis_url: str, breakers: BreakerLookup) -> None:
         self._client = redis.Redis.from_url(redis_url, socket_timeout=_OP_TIMEOUT_S,
                                             socket_connect_timeout=_OP_TIMEOUT_S)
         self._breakers = breakers
@@ -61,7 +63,7 @@ class SharedTrips:
         """Breaker hook (runs inline): publish a local trip, in the background."""
         if new is not BreakerState.OPEN or self._applying_remote:
             return
-        breaker = self._breakers.get(name)
+        breaker = self._breakers(name)
         if breaker is None:
             return
         seconds = breaker.seconds_until_half_open()
@@ -112,7 +114,7 @@ class SharedTrips:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("ignoring a malformed breaker trip message: %r", data[:200])
             return
-        breaker = self._breakers.get(name)
+        breaker = self._breakers(name)
         if origin == self._origin or breaker is None or seconds <= 0:
             return
         if breaker.state is BreakerState.OPEN:

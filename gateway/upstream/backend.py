@@ -87,6 +87,10 @@ class Backend:
         self._failure_ewma = ratio + _EWMA_ALPHA * (float(failed) - ratio)
         self._ewma_at = now
 
+    def remove_release_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._release_listeners:
+            self._release_listeners.remove(listener)
+
     def release(self) -> None:
         """Give back the slot a pool took for a request."""
         self.in_flight -= 1

@@ -42,6 +42,11 @@ class Pool:
         for backend in self.backends:
             backend.on_release(self._wake_one)
 
+    def detach(self) -> None:
+        """Stop listening to the backends' releases (the pool was replaced by a reload)."""
+        for backend in self.backends:
+            backend.remove_release_listener(self._wake_one)
+
     def pick(self, avoid: Collection[Backend] = (),
              exclude: Collection[Backend] = ()) -> Backend | None:
         """The backend to try next, preferring one not in ``avoid``, never one in ``exclude``."""

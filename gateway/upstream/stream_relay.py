@@ -12,7 +12,7 @@ complete answer or with an explicit SSE error event, never with a silent cut.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -23,6 +23,7 @@ from gateway.upstream.sse import EventBuffer, ends_with_done, error_event
 from gateway.upstream.stream_policy import StreamPolicy, Violation
 
 EventsObserver = Callable[[bytes], None]
+BeforeDone = Callable[[], Awaitable[None]]
 _MIN_RATE_WINDOW_S = 1.0
 
 
@@ -42,13 +43,16 @@ class ClientStream:
     """The client's side of a streamed response: one ``StreamResponse``, many legs."""
 
     def __init__(self, request: web.Request, headers: dict[str, str], *,
-                 keep_events: bool, on_events: EventsObserver | None = None) -> None:
+                 keep_events: bool, on_events: EventsObserver | None = None,
+                 before_done: BeforeDone | None = None) -> None:
         self._request = request
         self.response = web.StreamResponse(status=200, headers=headers)
         self.emitted: list[bytes] = []
         """Every run of events forwarded, when ``keep_events`` (needed to resume)."""
         self._keep_events = keep_events
         self._on_events = on_events
+        self._before_done = before_done
+        """Awaited before ``[DONE]`` is written: a session turn is stored by then."""
         self.resumes = 0
         self.client_gone = False
 
@@ -82,6 +86,8 @@ class ClientStream:
 
     async def finish_done(self) -> bool:
         """Send the ``[DONE]`` a backend left out after a complete answer."""
+        if self._before_done is not None:
+            await self._before_done()
         await self._safe_write(b"data: [DONE]\n\n")
         return not self.client_gone
 
@@ -160,6 +166,11 @@ class ClientStream:
             self.emitted.append(complete)
         if self._on_events is not None:
             self._on_events(complete)
+        if done and self._before_done is not None:
+            cut = complete.rfind(b"data:")
+            await self.response.write(complete[:cut])
+            await self._before_done()
+            complete = complete[cut:]
         await self.response.write(complete)
         return done
 

@@ -1,0 +1,174 @@
+"""Redis with a safety net: the write-through LRU and the compensation log.
+
+Normal operation: reads and writes go to Redis, and every value read or
+written is also put in the local LRU. When a Redis call fails or exceeds its
+budget: a read is answered from the LRU (``degraded``), a write is applied to
+the LRU copy and kept in the compensation log for the replayer. While a
+session has writes in the log, its reads are Redis's copy with those writes
+applied on top, and its new writes queue behind them.
+
+With the ``memory`` store there is nothing to fall back from: the store is
+the LRU, and this layer only runs the append loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.sessions.appender import (
+    AppendConflict,
+    AppendPolicy,
+    AppendResult,
+    ForeignSession,
+    Snapshot,
+    append_turn,
+    decode_for,
+)
+from gateway.sessions.codec import CorruptSession, encode
+from gateway.sessions.compensation import CompensationLog, PendingWrite, ReplayFailed
+from gateway.sessions.keys import SessionKey
+from gateway.sessions.lru import BlobCache
+from gateway.sessions.state import SessionState, Turn, apply_turn, apply_turns
+from gateway.sessions.stats import Counters
+from gateway.sessions.store import SessionStore, StoreUnavailable
+
+log = logging.getLogger("gateway.sessions")
+_UNAVAILABLE = (StoreUnavailable, AppendConflict, TimeoutError)
+_UNREADABLE = (CorruptSession, ForeignSession)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    state: SessionState | None
+    degraded: bool
+    """Redis did not answer, or writes it has not seen yet were merged in."""
+    answered: bool = True
+    """Redis answered (False: ``state`` is only what the local LRU has)."""
+    snapshot: Snapshot | None = None
+    """What the store returned, when ``state`` is exactly that: a commit can start there."""
+
+
+class ResilientStore:
+    """Loads, appends and deletes sessions; never raises for Redis trouble."""
+
+    def __init__(self, primary: SessionStore, cache: BlobCache | None,
+                 log_: CompensationLog, policy: AppendPolicy, commit_timeout_s: float,
+                 counters: Counters, wake: Callable[[], None]) -> None:
+        """``wake`` tells the replayer that the log has new entries."""
+        self._primary = primary
+        self._cache = cache if primary.remote else None
+        self._log = log_
+        self._policy = policy
+        self._commit_timeout = commit_timeout_s
+        self._counters = counters
+        self._wake = wake
+
+    async def load(self, key: SessionKey) -> Loaded:
+        try:
+            blob = await self._primary.get(key)
+            state = decode_for(key, blob)
+        except StoreUnavailable:
+            return self._load_local(key)
+        except _UNREADABLE as exc:
+            log.error("session %s is unreadable, using the local copy: %s", key.redis_key, exc)
+            return self._load_local(key)
+        pending = self._log.pending(key)
+        if pending:
+            merged = apply_turns(state, pending, key.tenant, key.session_id,
+                                 self._policy.limits)
+            return Loaded(merged, degraded=True)
+        if self._cache is not None:
+            if blob is None or state is None:
+                self._cache.pop(key.redis_key)
+            else:
+                self._cache.put(key.redis_key, blob, state.version)
+        return Loaded(state, degraded=False, snapshot=Snapshot(state, blob))
+
+    async def append(self, key: SessionKey, turn: Turn, start: Snapshot | None = None) -> bool:
+        """Store ``turn`` (on top of ``start`` if given); True when it went to the fallback."""
+        if self._cache is None:
+            # the memory store: nothing to fall back to
+            await self._append_primary(key, turn, start)
+            return False
+        if not self._log.has(key):
+            try:
+                result = await self._append_primary(key, turn, start)
+            except (*_UNAVAILABLE, *_UNREADABLE) as exc:
+                log.warning("session %s: append falls back: %r", key.redis_key, exc)
+            else:
+                self._cache.put(key.redis_key, result.blob, result.state.version)
+                if not result.replicated:
+                    self._counters.unreplicated += 1
+                    self._log.add(key, turn)  # replayed (idempotently) to confirm it
+                    self._wake()
+                return False
+        self._append_local(key, turn)
+        return True
+
+    async def _append_primary(self, key: SessionKey, turn: Turn,
+                              start: Snapshot | None = None) -> AppendResult:
+        async with asyncio.timeout(self._commit_timeout):
+            return await append_turn(self._primary, key, turn, self._policy, self._counters,
+                                     start)
+
+    async def delete(self, key: SessionKey) -> bool:
+        """Remove the session; whether it existed (True when Redis could not tell)."""
+        if self._cache is None:
+            return await self._primary.delete(key)
+        self._cache.pop(key.redis_key)
+        if not self._log.has(key):
+            try:
+                return await self._primary.delete(key)
+            except StoreUnavailable as exc:
+                log.warning("session %s: delete falls back: %r", key.redis_key, exc)
+        self._counters.fallback_writes += 1
+        if self._log.add(key, None):
+            self._wake()
+        return True
+
+    async def replay(self, entry: PendingWrite) -> bool:
+        """Write one compensation entry to Redis (see :class:`Replayer`)."""
+        try:
+            if entry.turn is None:
+                await self._primary.delete(entry.key)
+                return True
+            result = await self._append_primary(entry.key, entry.turn)
+        except _UNAVAILABLE as exc:
+            raise ReplayFailed(repr(exc)) from exc
+        except _UNREADABLE as exc:
+            log.error("session %s is unreadable; a pending turn is dropped: %s",
+                      entry.key.redis_key, exc)
+            return False
+        if not result.replicated:
+            raise ReplayFailed(f"{entry.key.redis_key}: too few replicas acknowledged")
+        return True
+
+    def _load_local(self, key: SessionKey) -> Loaded:
+        self._counters.fallback_reads += 1
+        if self._cache is None:
+            return Loaded(None, degraded=True, answered=False)
+        entry = self._cache.get(key.redis_key)
+        try:
+            state = decode_for(key, entry.blob) if entry is not None else None
+        except _UNREADABLE:
+            state = None
+        return Loaded(state, degraded=True, answered=False)
+
+    def _append_local(self, key: SessionKey, turn: Turn) -> None:
+        """Apply ``turn`` to the LRU copy and keep it in the compensation log."""
+        assert self._cache is not None
+        self._counters.fallback_writes += 1
+        if not self._log.add(key, turn):
+            return
+        self._wake()
+        entry = self._cache.get(key.redis_key)
+        try:
+            current = decode_for(key, entry.blob) if entry is not None else None
+        except _UNREADABLE:
+            current = None
+        updated = apply_turn(current, turn, key.tenant, key.session_id, self._policy.limits)
+        if updated is not None:
+            self._cache.put(key.redis_key, encode(updated, self._policy.codec), updated.version)
