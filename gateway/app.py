@@ -21,6 +21,8 @@ from gateway.http.sessions_api import add_session_routes
 from gateway.resilience.breaker import CircuitBreaker
 from gateway.resilience.shared_breakers import BreakerLookup, SharedTrips
 from gateway.runtime import RuntimeHolder
+from gateway.security import install_security, reload_security, require_admin
+from gateway.security.limits import server_limit_kwargs
 from gateway.sessions import SessionService
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
@@ -32,8 +34,14 @@ def build_app(config: GatewayConfig) -> web.Application:
     # The proxy reads bodies itself with its own limit (and a clear 413), so
     # aiohttp's own limit only has to stay out of the way.
     app = web.Application(middlewares=[edge_middleware],
-                          client_max_size=config.server.max_body_bytes + 1)
+                          client_max_size=config.server.max_body_bytes + 1,
+                          handler_args=server_limit_kwargs(config.security.limits))
+    # Keys, tenants and rate limits: a middleware inside the edge one (errors
+    # keep the OpenAI shape and the request id), before any handler.
+    install_security(app, config.security, source=config.source, host=config.server.host)
     holder = RuntimeHolder(config)
+    holder.reload_hooks.append(lambda fresh: reload_security(app, fresh.security,
+                                                             source=fresh.source))
     app[RUNTIME] = holder
     app.on_startup.append(_start_runtime)
     app.on_cleanup.append(_close_runtime)
@@ -50,7 +58,7 @@ def build_app(config: GatewayConfig) -> web.Application:
         app.on_startup.append(_start_sessions)
         app.on_cleanup.append(_close_sessions)
     add_routes(app, Proxy(holder, sessions), holder)
-    add_admin_routes(app, holder)
+    add_admin_routes(app, holder, authorize=require_admin)
     return app
 
 

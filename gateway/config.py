@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from gateway.configreader import ConfigError, Table
 from gateway.resilience.breaker_config import BreakerConfig, parse_breaker
 from gateway.resilience.settings import RetryConfig, SheddingConfig, parse_retry, parse_shedding
+from gateway.security.keys import missing_secrets as auth_missing_secrets
+from gateway.security.settings import SecurityConfig, parse_security
 from gateway.sessions.settings import SessionsConfig, parse_sessions
 from gateway.upstream.stream_policy import StreamPolicy, parse_stream_policy
 
@@ -103,6 +105,7 @@ class GatewayConfig:
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
     streams: StreamPolicy = field(default_factory=StreamPolicy)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -133,7 +136,7 @@ class GatewayConfig:
             f"backends.{b.name}.api_key_env: environment variable {b.api_key_env} is not set"
             for b in self.backends
             if b.api_key_env and b.api_key_env not in os.environ
-        ]
+        ] + auth_missing_secrets(self.security.auth)
 
 
 def config_path(explicit: str | None = None) -> str:
@@ -168,6 +171,7 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
         breaker=parse_breaker(root.table("breaker")),
         shedding=parse_shedding(root.table("shedding")),
         sessions=parse_sessions(root.table("sessions")),
+        security=parse_security(root),
     )
     root.finish()
     return config

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
@@ -31,6 +31,9 @@ from gateway.upstream.pool import Pool, build_pools
 log = logging.getLogger("gateway.runtime")
 
 TransitionHook = Callable[[str, BreakerState, BreakerState], None]
+ReloadHook = Callable[[GatewayConfig], Awaitable[None]]
+"""Applies a new configuration to a part outside the runtime (e.g. API keys);
+raises ConfigError to refuse it before anything changed."""
 _RETIRE_MAX_S = 600.0
 
 
@@ -56,6 +59,7 @@ class RuntimeHolder:
         self.draining = False
         """Set at shutdown: readiness fails so load balancers stop sending traffic."""
         self.transition_hooks: list[TransitionHook] = []
+        self.reload_hooks: list[ReloadHook] = []
         self._retiring: set[asyncio.Task[None]] = set()
         backends = {b.name: self._new_backend(b.name, config) for b in config.backends}
         self.current = _runtime(config, backends)
@@ -73,7 +77,13 @@ class RuntimeHolder:
             await backend.close()
 
     async def reload(self, config: GatewayConfig) -> ReloadReport:
-        """Swap in a runtime built from ``config``; requests in flight are not touched."""
+        """Swap in a runtime built from ``config``; requests in flight are not touched.
+
+        The reload hooks run first: one that refuses the configuration (a key
+        that cannot be read, say) stops the reload before the routes change.
+        """
+        for hook in self.reload_hooks:
+            await hook(config)
         old = self.current
         backends: dict[str, Backend] = {}
         kept, added = [], []

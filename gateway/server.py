@@ -22,6 +22,7 @@ from gateway.app import RUNTIME, build_app
 from gateway.config import ConfigError, GatewayConfig
 from gateway.http.admin import reload_from_file
 from gateway.runtime import RuntimeHolder
+from gateway.security import install_log_redaction
 
 log = logging.getLogger("gateway.server")
 
@@ -48,6 +49,7 @@ def serve(config: GatewayConfig) -> int:
 
 async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
     """Serve until SIGTERM/SIGINT, then drain: see :func:`_drain`. SIGHUP reloads."""
+    install_log_redaction()
     app = build_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
                            shutdown_timeout=config.server.drain_seconds)

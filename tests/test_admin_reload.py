@@ -8,13 +8,29 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from gateway.resilience.breaker import BreakerState
 from gateway.sim import SimSettings, answer_text
-from tests.gateway_harness import BackendSpec, config_text
+from tests.gateway_harness import BackendSpec
+from tests.gateway_harness import config_text as plain_config
 from tests.processes import Process
 from tests.resilience_helpers import CHAT, breaker, eventually, inference_requests, post, set_faults
 from tests.sse_client import stream
+
+ADMIN_KEY = "admin-key-for-the-tests-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture(autouse=True)
+def _admin_key(monkeypatch):
+    monkeypatch.setenv("GW_TEST_ADMIN_KEY", ADMIN_KEY)
+
+
+def config_text(*args, extra: str = "", **kwargs) -> str:
+    """A configuration with an admin key (the admin API is closed without one)."""
+    return plain_config(*args, extra='[auth]\nadmin_key_env = "GW_TEST_ADMIN_KEY"\n' + extra,
+                        **kwargs)
 
 
 async def _gateway_from_file(gateways, path, text):
@@ -24,20 +40,20 @@ async def _gateway_from_file(gateways, path, text):
 
 async def test_breaker_admin_endpoints(sim, gateways, http):
     gateway = await gateways(config_text([BackendSpec("a", sim.url)]))
-    async with http.post(f"{gateway.url}/admin/breakers/a/open") as response:
+    async with http.post(f"{gateway.url}/admin/breakers/a/open", headers=ADMIN) as response:
         assert response.status == 200
         assert (await response.json())["state"] == "open"
     assert (await post(http, gateway))[0] == 503
-    async with http.get(f"{gateway.url}/admin/breakers") as response:
+    async with http.get(f"{gateway.url}/admin/breakers", headers=ADMIN) as response:
         [snapshot] = (await response.json())["breakers"]
     assert snapshot["name"] == "a" and snapshot["state"] == "open"
     assert snapshot["open_until"] > 100  # the most severe tier: 180 s
-    async with http.post(f"{gateway.url}/admin/breakers/a/close") as response:
+    async with http.post(f"{gateway.url}/admin/breakers/a/close", headers=ADMIN) as response:
         assert (await response.json())["state"] == "closed"
     assert (await post(http, gateway))[0] == 200
-    async with http.post(f"{gateway.url}/admin/breakers/nope/open") as response:
+    async with http.post(f"{gateway.url}/admin/breakers/nope/open", headers=ADMIN) as response:
         assert response.status == 404
-    async with http.post(f"{gateway.url}/admin/breakers/a/explode") as response:
+    async with http.post(f"{gateway.url}/admin/breakers/a/explode", headers=ADMIN) as response:
         assert response.status == 404
 
 
@@ -45,7 +61,7 @@ async def test_admin_config_shows_no_secret(sim, gateways, http, monkeypatch):
     monkeypatch.setenv("ADMIN_TEST_KEY", "sk-very-secret")
     gateway = await gateways(config_text(
         [BackendSpec("a", sim.url, extra='api_key_env = "ADMIN_TEST_KEY"')]))
-    async with http.get(f"{gateway.url}/admin/config") as response:
+    async with http.get(f"{gateway.url}/admin/config", headers=ADMIN) as response:
         text = await response.text()
     assert "ADMIN_TEST_KEY" in text and "sk-very-secret" not in text
     assert '"max_attempts": 4' in text.replace(":4", ": 4")
@@ -65,7 +81,7 @@ async def test_reload_changes_breaker_behaviour_while_a_stream_completes(sims, g
     await eventually(lambda: inference_requests(slow) == 1, within=3, what="stream started")
 
     path.write_text(text.replace("consecutive_failures = 5", "consecutive_failures = 1"))
-    async with http.post(f"{gateway.url}/admin/reload") as response:
+    async with http.post(f"{gateway.url}/admin/reload", headers=ADMIN) as response:
         report = await response.json()
     assert response.status == 200 and report["kept"] == ["a"]
 
@@ -81,7 +97,7 @@ async def test_an_invalid_file_is_refused_and_the_running_config_stays(sim, gate
     path = tmp_path / "gw.toml"
     gateway = await _gateway_from_file(gateways, path, config_text([BackendSpec("a", sim.url)]))
     path.write_text('[timeouts]\nread = "fast"\n')
-    async with http.post(f"{gateway.url}/admin/reload") as response:
+    async with http.post(f"{gateway.url}/admin/reload", headers=ADMIN) as response:
         assert response.status == 400
         message = (await response.json())["error"]["message"]
     assert 'timeouts.read: expected seconds > 0, got "fast"' in message
@@ -93,7 +109,7 @@ async def test_reload_adds_and_retires_backends(sims, gateways, http, tmp_path):
     path = tmp_path / "gw.toml"
     gateway = await _gateway_from_file(gateways, path, config_text([BackendSpec("old", old.url)]))
     path.write_text(config_text([BackendSpec("new", new.url)]))
-    async with http.post(f"{gateway.url}/admin/reload") as response:
+    async with http.post(f"{gateway.url}/admin/reload", headers=ADMIN) as response:
         report = await response.json()
     assert (report["added"], report["retired"]) == (["new"], ["old"])
     for _ in range(5):
@@ -104,7 +120,7 @@ async def test_reload_adds_and_retires_backends(sims, gateways, http, tmp_path):
 def _config_file(tmp_path, sim_url: str, **server: float) -> str:
     path = tmp_path / "gw.toml"
     settings = "".join(f"{k} = {v}\n" for k, v in server.items())
-    path.write_text(f"[server]\nport = 0\n{settings}"
+    path.write_text(f"[server]\nport = 0\n{settings}[sessions]\nenabled = false\n"
                     f'[[backends]]\nname = "sim"\nurl = "{sim_url}"\nmodels = ["sim-model"]\n')
     return str(path)
 
@@ -163,3 +179,15 @@ async def test_sighup_reloads_the_file(sims, tmp_path):
                     assert response.status == 200
     finally:
         assert gateway.stop() == 0
+
+
+async def test_the_admin_api_needs_the_admin_key(sim, gateways, http):
+    gateway = await gateways(config_text([BackendSpec("a", sim.url)]))
+    for headers in ({}, {"Authorization": "Bearer wrong-key-wrong-key-wrong"}):
+        async with http.post(f"{gateway.url}/admin/breakers/a/open",
+                             headers=headers) as response:
+            assert response.status == 401
+    assert breaker(gateway, "a").state is BreakerState.CLOSED
+    closed = await gateways(plain_config([BackendSpec("a", sim.url)]))
+    async with http.get(f"{closed.url}/admin/breakers", headers=ADMIN) as response:
+        assert response.status == 403  # no admin key configured: the admin API is closed

@@ -144,3 +144,35 @@ async def test_concurrent_turns_on_one_session_all_land(sim, gateways, http, red
     history = await _history(http, gateway, "busy")
     assert sorted(m["content"] for m in history if m["role"] == "user") == sorted(
         f"q{n}" for n in range(20))
+
+
+async def test_two_tenants_with_the_same_session_id_never_meet(sim, gateways, http,
+                                                               monkeypatch, redis_url):
+    monkeypatch.setenv("GW_KEY_A", "key-of-tenant-a-0123456789")
+    monkeypatch.setenv("GW_KEY_B", "key-of-tenant-b-0123456789")
+    keys = ("[auth]\nenabled = true\n"
+            '[[auth.keys]]\nname = "a"\ntenant = "tenant-a"\nkey_env = "GW_KEY_A"\n'
+            '[[auth.keys]]\nname = "b"\ntenant = "tenant-b"\nkey_env = "GW_KEY_B"\n')
+    gateway = await gateways(_config(sim.url, f'store = "redis"\nurl = "{redis_url}"\n') + keys)
+    a = {"Authorization": "Bearer key-of-tenant-a-0123456789", "X-Session-Id": "shared"}
+    b = {"Authorization": "Bearer key-of-tenant-b-0123456789", "X-Session-Id": "shared"}
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "secret of a"}]}
+    async with http.post(f"{gateway.url}/v1/chat/completions", json=body,
+                         headers=a) as response:
+        assert response.status == 200
+    url = f"{gateway.url}/v1/sessions/shared"
+    async with http.get(url, headers=b) as response:
+        assert response.status == 404  # not "forbidden": its existence is not revealed
+    async with http.delete(url, headers=b) as response:
+        assert response.status == 404
+    other = {"model": "sim-model", "messages": [{"role": "user", "content": "hello from b"}]}
+    async with http.post(f"{gateway.url}/v1/chat/completions", json=other,
+                         headers=b) as response:
+        assert response.status == 200
+    sent = sim.state.last_requests[-1]["body"]["messages"]
+    assert [m["content"] for m in sent] == ["hello from b"]  # b's own, empty history
+    async with http.get(url, headers=a) as response:
+        history = (await response.json())["messages"]
+    assert [m["content"] for m in history if m["role"] == "user"] == ["secret of a"]
+    async with http.get(url) as response:
+        assert response.status == 401  # and without a key, nothing at all

@@ -21,11 +21,19 @@ from gateway.http.request_id import KEY as REQUEST_ID_KEY
 from gateway.http.streaming import StreamJob, answer_stream
 from gateway.resilience.deadline import Deadline
 from gateway.runtime import Runtime, RuntimeHolder
+from gateway.security import (
+    PRINCIPAL_KEY,
+    StreamUsage,
+    charge_tokens,
+    check_inference_limits,
+    total_tokens,
+)
 from gateway.sessions import DEGRADED_HEADER, SESSION_HEADER, SessionBinding, SessionService
 from gateway.upstream.attempt import AttemptFailed, Failure
 from gateway.upstream.backend import Backend
 from gateway.upstream.dispatch import Dispatched, NoBackendAdmits
 from gateway.upstream.pool import Pool
+from gateway.upstream.stream_relay import EventsObserver
 
 BACKEND_HEADER = "X-Gateway-Backend"
 MODEL_HEADER = "X-Gateway-Model"
@@ -43,6 +51,7 @@ class Proxy:
         runtime = self._holder.current  # this request keeps it, even across a reload
         raw = await read_body(request, runtime.config.server.max_body_bytes)
         body = parse_inference_body(raw, endpoint)
+        check_inference_limits(body.data, runtime.config.security.limits)
         chain = _model_chain(runtime, body.model)
         binding = await self._bind_session(request, endpoint, body)
         if binding is not None:
@@ -122,19 +131,44 @@ async def _respond(request: web.Request, runtime: Runtime, job: StreamJob, model
     headers[REQUEST_ID] = rid
     if dispatched.body is not None:
         dispatched.finish()
+        charge_tokens(request, total_tokens(dispatched.body))
         if binding is not None:
             binding.observe_json(dispatched.body)
             await binding.commit(rid)  # before the answer: the next turn will find it
             _mark_degraded(headers, binding)
         return web.Response(status=upstream.status, body=dispatched.body, headers=headers)
-    if binding is None:
-        result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher)
-    else:
+    usage = _usage_follower(request)
+    before_done = None
+    if binding is not None:
         _mark_degraded(headers, binding)
-        result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher,
-                                     on_events=binding.observe_stream_events,
-                                     before_done=functools.partial(binding.commit, rid))
+        before_done = functools.partial(binding.commit, rid)
+    result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher,
+                                 on_events=_observer(binding, usage), before_done=before_done)
+    if usage is not None:
+        charge_tokens(request, usage.total)
     return result.response
+
+
+def _usage_follower(request: web.Request) -> StreamUsage | None:
+    """Follows a stream's usage only when the key has a token limit to charge."""
+    principal = request.get(PRINCIPAL_KEY)
+    if principal is None or not principal.rates.token_interval_us:
+        return None
+    return StreamUsage()
+
+
+def _observer(binding: SessionBinding | None,
+              usage: StreamUsage | None) -> EventsObserver | None:
+    """What must see the stream's events: the session's reply, the key's usage, or both."""
+    if binding is None:
+        return usage.feed if usage is not None else None
+    if usage is None:
+        return binding.observe_stream_events
+
+    def both(events: bytes) -> None:
+        binding.observe_stream_events(events)
+        usage.feed(events)
+    return both
 
 
 def _mark_degraded(headers: dict[str, str], binding: SessionBinding) -> None:
