@@ -10,10 +10,14 @@ connection or a task is started in ``on_startup`` and closed in
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
+from opentelemetry.sdk.trace import SpanProcessor
 
 from gateway.config import GatewayConfig
 from gateway.http.admin import add_admin_routes
+from gateway.http.metrics_route import add_metrics_route
 from gateway.http.middleware import edge_middleware
 from gateway.http.proxy import Proxy
 from gateway.http.routes import add_routes
@@ -24,13 +28,19 @@ from gateway.runtime import RuntimeHolder
 from gateway.security import install_security, reload_security, require_admin
 from gateway.security.limits import server_limit_kwargs
 from gateway.sessions import SessionService
+from gateway.telemetry.metrics import build_metrics
+from gateway.telemetry.request import Telemetry
+from gateway.telemetry.tracing import setup_tracing
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 SHARED_TRIPS = web.AppKey("shared_trips", SharedTrips)
 SESSIONS = web.AppKey("sessions", SessionService)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
 
 
-def build_app(config: GatewayConfig) -> web.Application:
+def build_app(config: GatewayConfig, *,
+              span_processor: SpanProcessor | None = None) -> web.Application:
+    """The gateway for ``config``; ``span_processor`` receives spans too (tests)."""
     # The proxy reads bodies itself with its own limit (and a clear 413), so
     # aiohttp's own limit only has to stay out of the way.
     app = web.Application(middlewares=[edge_middleware],
@@ -51,15 +61,32 @@ def build_app(config: GatewayConfig) -> web.Application:
         app[SHARED_TRIPS] = shared
         app.on_startup.append(_start_shared_trips)
         app.on_cleanup.append(_close_shared_trips)
+    telemetry = _telemetry(config, span_processor)
+    app[TELEMETRY] = telemetry
+    holder.transition_hooks.append(telemetry.metrics.on_breaker_transition)
+    app.on_cleanup.append(_close_telemetry)
     sessions = SessionService(config.sessions) if config.sessions.enabled else None
     if sessions is not None:
         app[SESSIONS] = sessions
         add_session_routes(app, sessions)
         app.on_startup.append(_start_sessions)
         app.on_cleanup.append(_close_sessions)
-    add_routes(app, Proxy(holder, sessions), holder)
+    add_routes(app, Proxy(holder, sessions, telemetry), holder)
+    add_metrics_route(app, telemetry.metrics, holder, sessions)
     add_admin_routes(app, holder, authorize=require_admin)
     return app
+
+
+def _telemetry(config: GatewayConfig, span_processor: SpanProcessor | None) -> Telemetry:
+    metrics = build_metrics(config.telemetry.metrics, models=config.models,
+                            backends=[b.name for b in config.backends])
+    tracing = setup_tracing(config.telemetry, span_processor=span_processor)
+    return Telemetry(config.telemetry, tracing, metrics)
+
+
+async def _close_telemetry(app: web.Application) -> None:
+    # The exporter's flush blocks: not on the event loop.
+    await asyncio.get_running_loop().run_in_executor(None, app[TELEMETRY].tracing.shutdown)
 
 
 def _breaker_lookup(holder: RuntimeHolder) -> BreakerLookup:

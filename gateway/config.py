@@ -20,6 +20,7 @@ from gateway.resilience.settings import RetryConfig, SheddingConfig, parse_retry
 from gateway.security.keys import missing_secrets as auth_missing_secrets
 from gateway.security.settings import SecurityConfig, parse_security
 from gateway.sessions.settings import SessionsConfig, parse_sessions
+from gateway.telemetry.settings import TelemetryConfig, parse_telemetry
 from gateway.upstream.stream_policy import StreamPolicy, parse_stream_policy
 
 DEFAULT_CONFIG_PATH = "config.toml"
@@ -106,6 +107,7 @@ class GatewayConfig:
     streams: StreamPolicy = field(default_factory=StreamPolicy)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -172,6 +174,7 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
         shedding=parse_shedding(root.table("shedding")),
         sessions=parse_sessions(root.table("sessions")),
         security=parse_security(root),
+        telemetry=parse_telemetry(root.table("telemetry")),
     )
     root.finish()
     return config

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -23,6 +24,9 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.http.admin import reload_from_file
 from gateway.runtime import RuntimeHolder
 from gateway.security import install_log_redaction
+from gateway.telemetry.logs import configure_logging
+from gateway.telemetry.multiprocess import ENV as MULTIPROC_ENV
+from gateway.telemetry.multiprocess import mark_worker_dead, prepare_multiprocess_dir
 
 log = logging.getLogger("gateway.server")
 
@@ -49,6 +53,7 @@ def serve(config: GatewayConfig) -> int:
 
 async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
     """Serve until SIGTERM/SIGINT, then drain: see :func:`_drain`. SIGHUP reloads."""
+    configure_logging(config.telemetry)
     install_log_redaction()
     app = build_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False,
@@ -57,9 +62,6 @@ async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
     site = web.TCPSite(runner, config.server.host, config.server.port,
                        reuse_port=reuse_port, backlog=1024)
     await site.start()
-    for address in runner.addresses:
-        host, port = address[0], address[1]
-        print(f"gateway listening on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -72,6 +74,11 @@ async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    # Only now that every signal has its handler: whoever waits for this line
+    # may signal the process at once.
+    for address in runner.addresses:
+        host, port = address[0], address[1]
+        print(f"gateway listening on http://{host}:{port}", flush=True)
     try:
         await stop.wait()
     finally:
@@ -108,6 +115,10 @@ def _worker_main(config: GatewayConfig) -> None:
 
 
 def _supervise(config: GatewayConfig, workers: int) -> int:
+    # Metrics from every worker, aggregated whichever one a scrape reaches:
+    # prometheus-client's multiprocess mode, set up before the workers start.
+    metrics_dir = os.environ.get(MULTIPROC_ENV) or tempfile.mkdtemp(prefix="gateway-metrics-")
+    prepare_multiprocess_dir(metrics_dir)
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=_worker_main, args=(config,), name=f"gateway-worker-{i}")
                  for i in range(workers)]
@@ -123,6 +134,8 @@ def _supervise(config: GatewayConfig, workers: int) -> int:
     signal.signal(signal.SIGINT, forward)
     for process in processes:
         process.join()
+        if process.pid is not None:
+            mark_worker_dead(process.pid)
     failed = [p.name for p in processes if p.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT)]
     if failed:
         print(f"gateway: workers exited with an error: {', '.join(failed)}", file=sys.stderr)

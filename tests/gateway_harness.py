@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -38,9 +39,9 @@ def config_text(backends: Iterable[BackendSpec], *, timeouts: str = "", server: 
 
 
 class RunningGateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, **app_options: Any) -> None:
         self.config = config
-        self.app = build_app(config)
+        self.app = build_app(config, **app_options)
         self._runner = web.AppRunner(self.app, access_log=None)
         self.url = ""
 

@@ -37,6 +37,13 @@ class Process:
         raise AssertionError(f"{self.args} never printed {prefix!r}; output:\n"
                              + "".join(self.output))
 
+    def drain_output(self) -> list[str]:
+        """Every line printed so far, reading the rest once the process has ended."""
+        assert self.proc.stdout is not None
+        if self.proc.poll() is not None:
+            self.output.extend(self.proc.stdout.readlines())
+        return self.output
+
     def listening_url(self, prefix: str) -> str:
         return self.wait_for_line(prefix).rsplit(" ", 1)[-1]
 

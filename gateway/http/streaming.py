@@ -9,6 +9,7 @@ goes to its backend's breaker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -45,12 +46,15 @@ class StreamResult:
     completed: bool
     resumes: int
     client_gone: bool
+    error_code: str | None
+    """The code of the error event that ended the stream (None when completed)."""
 
 
 async def answer_stream(request: web.Request, headers: dict[str, str], first: Dispatched,
                         job: StreamJob, dispatcher: Dispatcher,
                         on_events: EventsObserver | None = None,
-                        before_done: BeforeDone | None = None) -> StreamResult:
+                        before_done: BeforeDone | None = None,
+                        on_first: Callable[[], None] | None = None) -> StreamResult:
     """Relay ``first`` to the client, continuing elsewhere when it breaks.
 
     ``on_events`` sees every run of events sent; ``before_done`` is awaited
@@ -58,11 +62,11 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
     a client's next turn always finds it).
     """
     stream = ClientStream(request, headers, keep_events=job.policy.max_resumes > 0,
-                          on_events=on_events, before_done=before_done)
+                          on_events=on_events, before_done=before_done, on_first=on_first)
     if not await stream.open():
         first.response.release()
         first.finish(ignore=True)
-        return StreamResult(stream.response, False, 0, True)
+        return StreamResult(stream.response, False, 0, True, None)
     leg, splice, used = first, None, [first.backend]
     while True:
         outcome = await stream.relay(leg.response, leg.backend.name, job.policy,
@@ -84,7 +88,8 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
     if not outcome.completed:
         await stream.fail(outcome)
     await stream.close()
-    return StreamResult(stream.response, outcome.completed, stream.resumes, stream.client_gone)
+    return StreamResult(stream.response, outcome.completed, stream.resumes, stream.client_gone,
+                        None if outcome.completed else outcome.violation)
 
 
 def _limits(backend: Backend, policy: StreamPolicy) -> tuple[float, float]:

@@ -26,6 +26,16 @@ def total_tokens(body: bytes) -> int | None:
         return None
 
 
+def usage_of(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer (for a sampled span), or None."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = payload.get("usage") if type(payload) is dict else None
+    return usage if type(usage) is dict else None
+
+
 def _from_payload(payload: Any) -> int | None:
     if type(payload) is not dict:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
@@ -23,6 +24,15 @@ from gateway.upstream.backend import Backend
 from gateway.upstream.pool import Pool
 
 HeadersFor = Callable[[Backend], dict[str, str]]
+
+
+class AttemptListener(Protocol):
+    """Who wants to know about each attempt (telemetry); the dispatcher works without."""
+
+    def attempt_started(self, backend: str, breaker_state: str, wait: float,
+                        headers: dict[str, str]) -> None: ...
+
+    def attempt_ended(self, backend: str, failure: str | None, status: int | None) -> None: ...
 _HINTED_STATUSES = (429, 503)
 
 
@@ -66,6 +76,7 @@ class _Request:
     record: RetryRecord = field(default_factory=RetryRecord)
     exclude: Collection[Backend] = ()
     read: float = 0.0
+    listener: AttemptListener | None = None
     tried: list[Backend] = field(default_factory=list)
     last_failure: AttemptFailed | None = None
 
@@ -85,7 +96,8 @@ class Dispatcher:
 
     async def dispatch(self, pool: Pool, path: str, body: bytes, *, stream: bool,
                        headers_for: HeadersFor, deadline: Deadline,
-                       exclude: Collection[Backend] = (), read: float = 0.0) -> Dispatched:
+                       exclude: Collection[Backend] = (), read: float = 0.0,
+                       listener: AttemptListener | None = None) -> Dispatched:
         """Attempt until a backend answers; raise the last :class:`AttemptFailed` if none did.
 
         Backends in ``exclude`` are never tried (a resumed stream must go
@@ -94,7 +106,7 @@ class Dispatcher:
         The raised failure carries ``attempts`` and ``record`` for the caller.
         """
         request = _Request(pool, path, body, stream, headers_for, deadline,
-                           exclude=exclude, read=read)
+                           exclude=exclude, read=read, listener=listener)
         budget = self.budget_for(pool)
         budget.active_requests += 1
         retrying = self.policy.retrying(deadline=deadline, budget=budget, record=request.record,
@@ -128,15 +140,21 @@ class Dispatcher:
             request.record.stop_reason = "no_backend"
             request.last_failure.final = True
             raise request.last_failure
+        headers = request.headers_for(backend)
+        listener = request.listener
+        if listener is not None:
+            wait = request.record.waits[-1] if request.tried and request.record.waits else 0.0
+            listener.attempt_started(backend.name, backend.breaker.state.value, wait, headers)
         request.tried.append(backend)
         try:
-            response = await open_response(backend, request.path, request.body,
-                                           request.headers_for(backend), request.deadline,
-                                           request.read)
+            response = await open_response(backend, request.path, request.body, headers,
+                                           request.deadline, request.read)
             body = None
             if not request.stream or response.content_type != "text/event-stream":
                 body = await read_whole_body(backend, response, backend.timeouts.stream_max)
         except AttemptFailed as failed:
+            if listener is not None:
+                listener.attempt_ended(backend.name, failed.failure.value, failed.status)
             _report(backend, permit, failed)
             backend.release()
             request.last_failure = failed
@@ -145,6 +163,8 @@ class Dispatcher:
             permit.ignore()
             backend.release()
             raise
+        if listener is not None:
+            listener.attempt_ended(backend.name, None, response.status)
         if body is not None:
             settle(backend, permit, failed=False)
         return Dispatched(backend, response, body, permit, attempts=len(request.tried))

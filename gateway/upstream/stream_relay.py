@@ -44,7 +44,8 @@ class ClientStream:
 
     def __init__(self, request: web.Request, headers: dict[str, str], *,
                  keep_events: bool, on_events: EventsObserver | None = None,
-                 before_done: BeforeDone | None = None) -> None:
+                 before_done: BeforeDone | None = None,
+                 on_first: Callable[[], None] | None = None) -> None:
         self._request = request
         self.response = web.StreamResponse(status=200, headers=headers)
         self.emitted: list[bytes] = []
@@ -52,6 +53,8 @@ class ClientStream:
         self._keep_events = keep_events
         self._on_events = on_events
         self._before_done = before_done
+        self._on_first = on_first
+        """Called once, when the first event goes out (time to first token)."""
         """Awaited before ``[DONE]`` is written: a session turn is stored by then."""
         self.resumes = 0
         self.client_gone = False
@@ -162,6 +165,9 @@ class ClientStream:
             cut = complete.rfind(b"data:")
             complete = (complete[:cut] + f": gateway-resumes={self.resumes}\n\n".encode()
                         + complete[cut:])
+        if self._on_first is not None:
+            self._on_first()
+            self._on_first = None
         if self._keep_events:
             self.emitted.append(complete)
         if self._on_events is not None:
