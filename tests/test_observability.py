@@ -145,3 +145,25 @@ async def test_metrics_are_summed_over_workers_and_logs_are_json(sims, tmp_path)
     assert {line["status"] for line in lines} == {200}
     assert all(re.fullmatch(r"[0-9a-f]+", line["request_id"]) for line in lines)
     assert all("total_ms" in line and line["backend"] == "sim" for line in lines)
+
+
+async def test_a_resumed_stream_is_counted_and_on_its_span(sims, http):
+    a, b = await sims(SimSettings(tokens=20)), await sims(SimSettings(tokens=20))
+    await set_faults(http, a, drop_after=5)
+    exporter = InMemorySpanExporter()
+    text = config_text([BackendSpec("a", a.url, extra="weight = 1000"),
+                        BackendSpec("b", b.url)], extra="[telemetry]\nsample_ratio = 1.0\n")
+    gateway = await RunningGateway(parse_config(text, "test.toml"),
+                                   span_processor=SimpleSpanProcessor(exporter)).start()
+    try:
+        record = await stream(http, f"{gateway.url}/v1/chat/completions",
+                              {**CHAT, "stream": True})
+        assert record.done_count == 1 and record.comments == ["gateway-resumes=1"]
+        values = await _scrape(http, gateway.url)
+    finally:
+        await gateway.stop()
+    assert values[("gateway_stream_resumes_total",
+                   (("model", "sim-model"), ("reason", "upstream_disconnected")))] == 1
+    [server] = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert server.attributes["gateway.stream.resumes"] == 1
+    assert list(server.attributes["gateway.stream.resume_reasons"]) == ["upstream_disconnected"]

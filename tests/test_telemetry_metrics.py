@@ -73,6 +73,7 @@ def test_the_exposition_parses_and_names_every_metric(metrics):
         "gateway_requests": "counter", "gateway_request_duration_seconds": "histogram",
         "gateway_time_to_first_token_seconds": "histogram",
         "gateway_overhead_seconds": "histogram", "gateway_stream_errors": "counter",
+        "gateway_stream_resumes": "counter",
         "gateway_backend_attempts": "counter",
         "gateway_retries": "counter", "gateway_retry_budget_refusals": "counter",
         "gateway_breaker_state": "gauge", "gateway_breaker_transitions": "counter",

@@ -55,6 +55,8 @@ async def respond(request: web.Request, runtime: Runtime, job: StreamJob, model:
                                  on_events=_observer(binding, usage), before_done=before_done,
                                  on_first=report.first_token)
     report.streamed_since(relay_started)
+    if result.resume_reasons:
+        report.stream_resumed(result.resume_reasons)
     if result.error_code is not None:
         report.stream_broke(result.error_code)
     if usage is not None:

@@ -48,6 +48,8 @@ class StreamResult:
     client_gone: bool
     error_code: str | None
     """The code of the error event that ended the stream (None when completed)."""
+    resume_reasons: list[str]
+    """Why each resumed leg broke (one per resume)."""
 
 
 async def answer_stream(request: web.Request, headers: dict[str, str], first: Dispatched,
@@ -66,8 +68,9 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
     if not await stream.open():
         first.response.release()
         first.finish(ignore=True)
-        return StreamResult(stream.response, False, 0, True, None)
+        return StreamResult(stream.response, False, 0, True, None, [])
     leg, splice, used = first, None, [first.backend]
+    reasons: list[str] = []
     while True:
         outcome = await stream.relay(leg.response, leg.backend.name, job.policy,
                                      _limits(leg.backend, job.policy), splice)
@@ -82,6 +85,7 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
         if next_leg is None:
             break
         stream.resumes += 1
+        reasons.append(outcome.violation or "")
         # Nothing sent yet (a first-token timeout): the new leg stands as it is.
         leg, splice = next_leg, Splice(emitted) if emitted.identity else None
         used.append(leg.backend)
@@ -89,7 +93,7 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
         await stream.fail(outcome)
     await stream.close()
     return StreamResult(stream.response, outcome.completed, stream.resumes, stream.client_gone,
-                        None if outcome.completed else outcome.violation)
+                        None if outcome.completed else outcome.violation, reasons)
 
 
 def _limits(backend: Backend, policy: StreamPolicy) -> tuple[float, float]:

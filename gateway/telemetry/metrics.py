@@ -15,6 +15,7 @@ Metrics (this table is the contract for README, dashboards and alerts):
 | ``gateway_time_to_first_token_seconds`` | histogram | model, backend | streams only: request received to the first token sent to the client |
 | ``gateway_overhead_seconds`` | histogram | | time the gateway added: total minus time waiting on backends (attempts, retry waits, stream reads) |
 | ``gateway_stream_errors_total`` | counter | backend, code | started streams that ended with an SSE error event instead of ``[DONE]``; code ``stream_read_timeout``, ``stream_max_exceeded``, ``upstream_disconnected``, ``upstream_incomplete`` (their status stays 200 in ``gateway_requests_total``) |
+| ``gateway_stream_resumes_total`` | counter | model, reason | broken streams continued on another backend; reason ``ttft_timeout``, ``stream_read_timeout``, ``min_throughput``, ``upstream_disconnected``, ``upstream_incomplete`` |
 | ``gateway_backend_attempts_total`` | counter | backend, outcome | attempts; outcome ``success``, ``connect_error``, ``connect_timeout``, ``read_timeout``, ``deadline``, ``disconnected`` or ``http_<status>`` |
 | ``gateway_retries_total`` | counter | model, reason | retries started; reason is the failed attempt's outcome |
 | ``gateway_retry_budget_refusals_total`` | counter | model | retries not made because the model's retry budget was spent |
@@ -175,6 +176,10 @@ class GatewayMetrics:
         self._stream_errors = self._counter(
             "gateway_stream_errors_total", "Started streams ended by an SSE error event.",
             ("backend", "code"))
+        self._stream_resumes = self._counter(
+            "gateway_stream_resumes_total",
+            "Broken streams continued on another backend, by the reason they broke.",
+            ("model", "reason"))
 
     def _define_resilience(self) -> None:
         self._attempts = self._counter(
@@ -242,6 +247,10 @@ class GatewayMetrics:
         """A started stream ended with an error event (``code`` from the event)."""
         self._stream_errors.get(backend, code).inc()
 
+    def stream_resumed(self, model: str, reason: str) -> None:
+        """A broken stream was continued on another backend (``reason``: why it broke)."""
+        self._stream_resumes.get(self.model_label(model), reason).inc()
+
     # -- attempts, retries, breakers, pools ---------------------------------------
 
     def attempt_done(self, backend: str, outcome: str) -> None:
@@ -302,6 +311,9 @@ class NullMetrics(GatewayMetrics):
         pass
 
     def stream_error(self, backend: str, code: str) -> None:
+        pass
+
+    def stream_resumed(self, model: str, reason: str) -> None:
         pass
 
     def attempt_done(self, backend: str, outcome: str) -> None:

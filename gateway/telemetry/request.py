@@ -111,6 +111,13 @@ class RequestTelemetry:
     def shed(self) -> None:
         self._parent.metrics.request_shed(self._model)
 
+    def stream_resumed(self, reasons: list[str]) -> None:
+        """The stream broke and was continued elsewhere, once per reason."""
+        for reason in reasons:
+            self._parent.metrics.stream_resumed(self._model, reason)
+        self._trace.set_attribute("gateway.stream.resumes", len(reasons))
+        self._trace.set_attribute("gateway.stream.resume_reasons", reasons)
+
     def stream_broke(self, code: str) -> None:
         self.error_code = code
         self._parent.metrics.stream_error(self.backend or "none", code)

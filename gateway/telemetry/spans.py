@@ -130,6 +130,9 @@ class RequestTrace:
     def set_model(self, model: str, stream: bool) -> None:
         """The body was read: the requested model, and whether it streams."""
 
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        """Any other attribute of the server span."""
+
     def session(self, op: str, store: str | None = None) -> OperationSpan:
         """A session ``load`` or ``save`` on behalf of this request."""
         return NOOP_OPERATION
@@ -250,6 +253,9 @@ class RecordingRequest(RequestTrace):
         span = self._tracer.start_span(name, context=self._parent, kind=SpanKind.CLIENT,
                                        attributes=attributes)
         return RecordingAttempt(span)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self._span.set_attribute(key, value)
 
     def set_model(self, model: str, stream: bool) -> None:
         self._span.set_attribute(GEN_AI_REQUEST_MODEL, model)
