@@ -32,6 +32,7 @@ BreakerLookup = Callable[[str], CircuitBreaker | None]
 """The current breaker of a backend by name (None: no such backend any more)."""
 _OP_TIMEOUT_S = 0.2
 _RECONNECT_MAX_S = 5.0
+_POLL_S = 0.5
 
 
 class SharedTrips:
@@ -43,6 +44,7 @@ class SharedTrips:
         self._breakers = breakers
         self._origin = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
         self._applying_remote = False
+        self._stopping = False
         self._subscriber: asyncio.Task[None] | None = None
         self._publishes: set[asyncio.Task[None]] = set()
         self.subscribed = asyncio.Event()
@@ -51,10 +53,12 @@ class SharedTrips:
         self._subscriber = asyncio.create_task(self._subscribe_forever(), name="breaker-trips")
 
     async def close(self) -> None:
+        self._stopping = True
         if self._subscriber is not None:
             self._subscriber.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._subscriber
+            # Bounded: redis-py's pub/sub read can swallow a cancellation, and
+            # the loop then notices _stopping within its poll interval.
+            await asyncio.wait({self._subscriber}, timeout=_POLL_S * 3)
         for task in list(self._publishes):
             task.cancel()
         await self._client.aclose()
@@ -81,7 +85,7 @@ class SharedTrips:
 
     async def _subscribe_forever(self) -> None:
         delay = 0.1
-        while True:
+        while not self._stopping:
             try:
                 await self._listen()
             except asyncio.CancelledError:
@@ -99,8 +103,8 @@ class SharedTrips:
         try:
             await pubsub.subscribe(CHANNEL)
             self.subscribed.set()
-            while True:
-                message = await pubsub.get_message(timeout=1.0)
+            while not self._stopping:
+                message = await pubsub.get_message(timeout=_POLL_S)
                 if message is not None:
                     self._apply(message["data"])
         finally:
