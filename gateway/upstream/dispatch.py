@@ -109,24 +109,40 @@ class Dispatcher:
                            exclude=exclude, read=read, listener=listener)
         budget = self.budget_for(pool)
         budget.active_requests += 1
-        retrying = self.policy.retrying(deadline=deadline, budget=budget, record=request.record,
-                                        retryable=self._retryable, retry_after=self._retry_after,
-                                        free=_put_no_load)
         try:
-            async for attempt in retrying:
-                with attempt:
-                    try:
-                        return await self._attempt(request)
-                    finally:
-                        if request.record.holds_budget:
-                            request.record.holds_budget = False
-                            budget.end_retry()
+            try:
+                # Most requests succeed at once: the first attempt runs without
+                # building a retry loop (tenacity's costs tens of microseconds).
+                return await self._attempt(request)
+            except AttemptFailed as failed:
+                if not self._retryable(failed):
+                    raise
+                return await self._retry(request, budget, failed)
         except AttemptFailed as failed:
             failed.attempts = len(request.tried)
             failed.retry_record = request.record
             raise
         finally:
             budget.active_requests -= 1
+
+    async def _retry(self, request: _Request, budget: RetryBudget,
+                     first: AttemptFailed) -> Dispatched:
+        """The tenacity loop, entered with the first attempt's failure as its attempt 1."""
+        retrying = self.policy.retrying(deadline=request.deadline, budget=budget,
+                                        record=request.record, retryable=self._retryable,
+                                        retry_after=self._retry_after, free=_put_no_load)
+        replay: AttemptFailed | None = first
+        async for attempt in retrying:
+            with attempt:
+                if replay is not None:
+                    failure, replay = replay, None
+                    raise failure
+                try:
+                    return await self._attempt(request)
+                finally:
+                    if request.record.holds_budget:
+                        request.record.holds_budget = False
+                        budget.end_retry()
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _attempt(self, request: _Request) -> Dispatched:
