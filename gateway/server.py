@@ -132,6 +132,7 @@ def _supervise(config: GatewayConfig, workers: int) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # each worker reloads its own configuration
     for process in processes:
         process.join()
         if process.pid is not None:
