@@ -94,6 +94,9 @@ def config_text(backends: Sequence[Backend], overrides: Overrides | None = None,
                 base: Path = DEFAULT_CONFIG) -> str:
     """The default configuration with ``backends`` in place of its own and ``overrides`` set."""
     text = without_backends(base.read_text())
+    # The embedded archive writes SQLite in the working directory: not the repository's.
+    archive = Path(tempfile.gettempdir()) / "gateway-bench-archive.db"
+    overrides = {"archive": {"url": f'"sqlite+aiosqlite:///{archive}"'}, **(overrides or {})}
     for table, values in (overrides or {}).items():
         text = with_keys(text, table, values)
     return f"{text}\n{backends_toml(backends)}"

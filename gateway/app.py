@@ -15,6 +15,7 @@ import asyncio
 from aiohttp import web
 from opentelemetry.sdk.trace import SpanProcessor
 
+from gateway.archive.service import ArchiveService
 from gateway.config import GatewayConfig
 from gateway.http.admin import add_admin_routes
 from gateway.http.metrics_route import add_metrics_route
@@ -36,6 +37,7 @@ RUNTIME = web.AppKey("runtime", RuntimeHolder)
 SHARED_TRIPS = web.AppKey("shared_trips", SharedTrips)
 SESSIONS = web.AppKey("sessions", SessionService)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
+ARCHIVE = web.AppKey("archive", ArchiveService)
 
 
 def build_app(config: GatewayConfig, *,
@@ -65,16 +67,33 @@ def build_app(config: GatewayConfig, *,
     app[TELEMETRY] = telemetry
     holder.transition_hooks.append(telemetry.metrics.on_breaker_transition)
     app.on_cleanup.append(_close_telemetry)
-    sessions = SessionService(config.sessions) if config.sessions.enabled else None
+    sessions = _sessions(app, config, telemetry)
     if sessions is not None:
         app[SESSIONS] = sessions
         add_session_routes(app, sessions)
         app.on_startup.append(_start_sessions)
-        app.on_cleanup.append(_close_sessions)
-    add_routes(app, Proxy(holder, sessions, telemetry), holder)
+        app.on_cleanup.append(_close_sessions)  # before the archive's: its replay feeds it
+    if ARCHIVE in app:
+        app.on_startup.append(_start_archive)
+        app.on_cleanup.append(_close_archive)
+    archive = app.get(ARCHIVE)
+    add_routes(app, Proxy(holder, sessions, telemetry), holder,
+               degraded=(lambda: archive.degraded_reason) if archive is not None else None)
     add_metrics_route(app, telemetry.metrics, holder, sessions)
     add_admin_routes(app, holder, authorize=require_admin)
     return app
+
+
+def _sessions(app: web.Application, config: GatewayConfig,
+              telemetry: Telemetry) -> SessionService | None:
+    """The session service, with the archive's outbox when the archive is on."""
+    if not config.sessions.enabled:
+        return None
+    if not config.archive.enabled:
+        return SessionService(config.sessions)
+    archive = ArchiveService(config.archive, config.sessions, metrics=telemetry.metrics)
+    app[ARCHIVE] = archive
+    return SessionService(config.sessions, outbox=archive.outbox_policy)
 
 
 def _telemetry(config: GatewayConfig, span_processor: SpanProcessor | None) -> Telemetry:
@@ -110,6 +129,14 @@ async def _start_sessions(app: web.Application) -> None:
 
 async def _close_sessions(app: web.Application) -> None:
     await app[SESSIONS].close()
+
+
+async def _start_archive(app: web.Application) -> None:
+    await app[ARCHIVE].start()
+
+
+async def _close_archive(app: web.Application) -> None:
+    await app[ARCHIVE].close()
 
 
 async def _start_shared_trips(app: web.Application) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gateway.archive.settings import ArchiveConfig, parse_archive
 from gateway.configreader import ConfigError, Table
 from gateway.resilience.breaker_config import BreakerConfig, parse_breaker
 from gateway.resilience.settings import RetryConfig, SheddingConfig, parse_retry, parse_shedding
@@ -108,6 +109,7 @@ class GatewayConfig:
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -175,6 +177,7 @@ def parse_config(text: str, source: str = DEFAULT_CONFIG_PATH) -> GatewayConfig:
         sessions=parse_sessions(root.table("sessions")),
         security=parse_security(root),
         telemetry=parse_telemetry(root.table("telemetry")),
+        archive=parse_archive(root.table("archive")),
     )
     root.finish()
     return config

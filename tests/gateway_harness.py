@@ -31,6 +31,9 @@ def config_text(backends: Iterable[BackendSpec], *, timeouts: str = "", server: 
     """A complete configuration file for the given backends."""
     parts = ["[server]", 'host = "127.0.0.1"', "port = 0", server,
              "[timeouts]", timeouts, "[retry]", retry, extra]
+    if "[archive]" not in extra:
+        # The embedded default archives to ./gateway-archive.db: not in tests.
+        parts += ["[archive]", "enabled = false"]
     for spec in backends:
         models = ", ".join(f'"{m}"' for m in spec.models)
         parts += ["[[backends]]", f'name = "{spec.name}"', f'url = "{spec.url}"',

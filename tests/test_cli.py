@@ -44,7 +44,7 @@ def test_serve_refuses_a_missing_secret(tmp_path):
 
 def _config_for(sim_url: str, port: int = 0, workers: int = 1, sessions: bool = True) -> str:
     return (f'[server]\nport = {port}\nworkers = {workers}\n'
-            f"[sessions]\nenabled = {str(sessions).lower()}\n"
+            f"[sessions]\nenabled = {str(sessions).lower()}\n[archive]\nenabled = false\n"
             f'[[backends]]\nname = "sim"\nurl = "{sim_url}"\nmodels = ["sim-model"]\n')
 
 

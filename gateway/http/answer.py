@@ -20,6 +20,7 @@ from gateway.runtime import Runtime
 from gateway.security import PRINCIPAL_KEY, StreamUsage, charge_tokens, total_tokens
 from gateway.security.usage import usage_of
 from gateway.sessions import DEGRADED_HEADER, SessionBinding
+from gateway.sessions.state import TurnMeta
 from gateway.telemetry.request import RequestTelemetry
 from gateway.upstream.dispatch import Dispatched
 from gateway.upstream.stream_relay import EventsObserver
@@ -42,14 +43,16 @@ async def respond(request: web.Request, runtime: Runtime, job: StreamJob, model:
             report.usage = usage_of(dispatched.body)
         if binding is not None:
             binding.observe_json(dispatched.body)
-            await binding.commit(rid)  # before the answer: the next turn will find it
+            meta = _turn_meta(model, dispatched, usage_of(dispatched.body))
+            await binding.commit(rid, meta)  # before the answer: the next turn finds it
             _mark_degraded(headers, binding)
         return web.Response(status=upstream.status, body=dispatched.body, headers=headers)
     usage = _usage_follower(request)
     before_done = None
     if binding is not None:
         _mark_degraded(headers, binding)
-        before_done = functools.partial(binding.commit, rid)
+        before_done = functools.partial(binding.commit, rid,
+                                        _turn_meta(model, dispatched, None))
     relay_started = perf_counter()
     result = await answer_stream(request, headers, dispatched, job, runtime.dispatcher,
                                  on_events=_observer(binding, usage), before_done=before_done,
@@ -62,6 +65,15 @@ async def respond(request: web.Request, runtime: Runtime, job: StreamJob, model:
     if usage is not None:
         charge_tokens(request, usage.total)
     return result.response
+
+
+def _turn_meta(model: str, dispatched: Dispatched, usage: dict | None) -> TurnMeta:
+    """What the archive records about the request behind a session turn."""
+    usage = usage or {}
+    return TurnMeta(model=model, backend=dispatched.backend.name,
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    completion_tokens=usage.get("completion_tokens"),
+                    total_tokens=usage.get("total_tokens"))
 
 
 def _usage_follower(request: web.Request) -> StreamUsage | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 from aiohttp import web
 
@@ -12,7 +14,10 @@ from gateway.http.proxy import Proxy
 from gateway.runtime import Runtime, RuntimeHolder
 
 
-def add_routes(app: web.Application, proxy: Proxy, holder: RuntimeHolder) -> None:
+def add_routes(app: web.Application, proxy: Proxy, holder: RuntimeHolder, *,
+               degraded: Callable[[], str | None] | None = None) -> None:
+    """``degraded`` names a part that is behind (the archive) for ``/readyz`` to
+    report without failing: requests are not affected."""
     def inference(endpoint: Endpoint) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await proxy.handle(request, endpoint)
@@ -31,6 +36,9 @@ def add_routes(app: web.Application, proxy: Proxy, holder: RuntimeHolder) -> Non
             return _not_ready("shutting down")
         if not any(pool.any_admits() for pool in holder.current.pools.values()):
             return _not_ready("no backend admits a call")
+        reason = degraded() if degraded is not None else None
+        if reason is not None:
+            return web.json_response({"status": "ready", "degraded": reason})
         return web.json_response({"status": "ready"})
 
     app.router.add_post(CHAT.path, inference(CHAT))

@@ -5,6 +5,11 @@ the version it read, the store accepts only the one whose version is still
 current, and the other retries on the value the store returned with its
 refusal. A turn already in the session (same id) is not appended again, which
 makes a retry after a lost reply, or a compensation replay, harmless.
+
+With an archive, every attempt carries the turn's archive record, built from
+the session as that attempt would write it: the store adds the record exactly
+when the attempt applies, so a turn is archived once, with the turn number it
+really got, and a duplicate (found already stored) adds no record.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.sessions.codec import SNAPPY, Codec, decode, encode
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.state import HistoryLimits, SessionState, Turn, apply_turn
 from gateway.sessions.stats import Counters
 from gateway.sessions.store import SessionStore
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxPolicy
 
 _BACKOFF_STEP_S = 0.001
 _BACKOFF_CAP_S = 0.02
@@ -36,6 +45,8 @@ class AppendPolicy:
     limits: HistoryLimits
     max_attempts: int = 100
     codec: Codec = SNAPPY
+    outbox: OutboxPolicy | None = None
+    """The archive's: each applied append adds the turn's record to the outbox."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +99,12 @@ async def append_turn(store: SessionStore, key: SessionKey, turn: Turn, policy: 
             return AppendResult(current, snapshot.blob, duplicate=True)
         new_blob = encode(updated, policy.codec)
         expected = current.version if current is not None else 0
-        outcome = await store.compare_and_set(key, expected, new_blob, updated.version)
+        outbox = policy.outbox.entry(key, updated, turn) if policy.outbox else None
+        outcome = await store.compare_and_set(key, expected, new_blob, updated.version,
+                                              outbox)
         if outcome.applied:
+            if outcome.outbox_refused and policy.outbox is not None:
+                policy.outbox.refused(key)
             return AppendResult(updated, new_blob, duplicate=False,
                                 replicated=outcome.replicated)
         counters.conflicts += 1

@@ -18,7 +18,7 @@ from gateway.http.context import DEFAULT_TENANT, TENANT_KEY  # noqa: F401 - re-e
 from gateway.sessions.accumulate import ReplyAccumulator
 from gateway.sessions.appender import Snapshot
 from gateway.sessions.keys import SessionKey
-from gateway.sessions.state import Message, Turn
+from gateway.sessions.state import Message, Turn, TurnMeta
 from gateway.sessions.window import Window, build_prompt, split_request
 
 SESSION_HEADER = "X-Session-Id"
@@ -83,17 +83,18 @@ class SessionBinding:
         """A non-streaming chat completion body."""
         self._reply.feed_json(body)
 
-    async def commit(self, request_id: str) -> None:
+    async def commit(self, request_id: str, meta: TurnMeta | None = None) -> None:
         """Append the request's new messages and the reply as one turn (id = request id).
 
         Never raises for Redis trouble: the turn then goes to the fallback and
-        ``degraded`` becomes True. A second call does nothing.
+        ``degraded`` becomes True. A second call does nothing. ``meta`` (model,
+        backend, token usage) goes to the turn's archive record only.
         """
         if self._committed:
             return
         self._committed = True
         system, new = split_request(self._request)
         turn = Turn(turn_id=request_id, messages=(*new, self._reply.message()),
-                    system=system, ts_ms=int(time.time() * 1000))
+                    system=system, ts_ms=int(time.time() * 1000), meta=meta)
         if await self._commit(self.key, turn, self._snapshot):
             self.degraded = True

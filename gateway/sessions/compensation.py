@@ -26,8 +26,10 @@ from gateway.sessions.keys import SessionKey
 from gateway.sessions.settings import CompensationConfig
 from gateway.sessions.state import Turn
 from gateway.sessions.stats import Counters
+from gateway.sessions.store import reraise_if_cancelled
 
 log = logging.getLogger("gateway.sessions")
+_STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +114,21 @@ class Replayer:
         """New entries: replay them now unless a failed pass is backing off."""
         self._wakeup.set()
 
-    async def stop(self) -> None:
+    async def stop(self) -> bool:
+        """Cancel the task and wait for it (``_STOP_TIMEOUT_S`` at most); stopped?
+
+        While it has not stopped, nothing else may replay: entries would be
+        written twice at once, out of order.
+        """
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait({self._task}, timeout=_STOP_TIMEOUT_S)
+            if not done:
+                log.error("session compensation: the replayer did not stop within %.0f s",
+                          _STOP_TIMEOUT_S)
+                return False
             self._task = None
+        return True
 
     async def flush(self, budget_s: float) -> bool:
         """Replay what is pending (without backoff) for ``budget_s`` at most; all done?"""
@@ -140,8 +151,10 @@ class Replayer:
                 self._failures = 0
                 continue
             except ReplayFailed as exc:
+                reraise_if_cancelled()
                 reason = repr(exc)
             except Exception:  # a bug must not end the task: the log would never drain
+                reraise_if_cancelled()
                 log.exception("session compensation: unexpected failure")
                 reason = "unexpected failure"
             self._failures += 1

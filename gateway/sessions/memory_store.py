@@ -7,9 +7,14 @@ completes without awaiting, so it is atomic on the event loop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.lru import BlobCache
 from gateway.sessions.store import CasOutcome
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxEntry
 
 
 class MemoryStore:
@@ -28,13 +33,16 @@ class MemoryStore:
         return entry.blob if entry is not None else None
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
-                              blob: bytes, new_version: int) -> CasOutcome:
+                              blob: bytes, new_version: int,
+                              outbox: OutboxEntry | None = None) -> CasOutcome:
+        """No await between the check and the writes: atomic on the event loop."""
         entry = self._cache.get(key.redis_key)
         current_version = entry.version if entry is not None else 0
         if current_version != expected_version:
             return CasOutcome(applied=False, current=entry.blob if entry else None)
         self._cache.put(key.redis_key, blob, new_version)
-        return CasOutcome(applied=True)
+        refused = outbox is not None and not outbox.local(outbox.record)
+        return CasOutcome(applied=True, outbox_refused=refused)
 
     async def delete(self, key: SessionKey) -> bool:
         return self._cache.pop(key.redis_key) is not None

@@ -21,17 +21,27 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from gateway.sessions.append_script import APPEND_SCRIPT, CONTEXT_FIELD
+from gateway.sessions.append_script import (
+    APPEND_SCRIPT,
+    CONTEXT_FIELD,
+    WRITTEN,
+    WRITTEN_OUTBOX_FULL,
+)
 from gateway.sessions.keys import SessionKey
-from gateway.sessions.store import CasOutcome, StoreUnavailable
+from gateway.sessions.store import CasOutcome, StoreUnavailable, reraise_if_cancelled
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxEntry
 
 log = logging.getLogger("gateway.sessions")
 RedisClient = Redis | RedisCluster
 _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
 
 
 class RedisStore:
@@ -57,6 +67,7 @@ class RedisStore:
             async with asyncio.timeout(budget or self._timeout):
                 yield
         except _FAILURES as exc:
+            reraise_if_cancelled()
             raise StoreUnavailable(f"redis {what} failed: {exc!r}") from exc
 
     async def ping(self, budget: float | None = None) -> None:
@@ -90,12 +101,18 @@ class RedisStore:
             return await self._client.hget(key.redis_key, CONTEXT_FIELD)
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
-                              blob: bytes, new_version: int) -> CasOutcome:
-        args = (expected_version, new_version, blob, self._ttl_ms)
+                              blob: bytes, new_version: int,
+                              outbox: OutboxEntry | None = None) -> CasOutcome:
+        keys = [key.redis_key]
+        args: list[int | bytes | str] = [expected_version, new_version, blob, self._ttl_ms]
+        if outbox is not None:  # same hash tag, same slot: one atomic script
+            keys.append(outbox.stream)
+            args += [outbox.max_len, outbox.record]
         async with self._bounded("compare-and-set"):
-            reply = await self._script(keys=[key.redis_key], args=args)
-        if reply == 1:
-            return CasOutcome(applied=True, replicated=await self._replicated(key))
+            reply = await self._script(keys=keys, args=args)
+        if reply in (WRITTEN, WRITTEN_OUTBOX_FULL):
+            return CasOutcome(applied=True, replicated=await self._replicated(key),
+                              outbox_refused=reply == WRITTEN_OUTBOX_FULL)
         return CasOutcome(applied=False, current=reply[1] if len(reply) > 1 else None)
 
     async def delete(self, key: SessionKey) -> bool:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.http.errors import GatewayError, bad_request
 from gateway.sessions.appender import AppendPolicy, Snapshot
@@ -28,6 +28,9 @@ from gateway.sessions.state import HistoryLimits, Message, Turn
 from gateway.sessions.stats import Counters, SessionStats
 from gateway.sessions.store import StoreUnavailable
 from gateway.sessions.window import Window
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxPolicy
 
 log = logging.getLogger("gateway.sessions")
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -55,7 +58,9 @@ class SessionView:
 class SessionService:
     """Server-side chat sessions: bind a request, commit its turn, read, delete."""
 
-    def __init__(self, config: SessionsConfig) -> None:
+    def __init__(self, config: SessionsConfig, outbox: OutboxPolicy | None = None) -> None:
+        """``outbox``: the archive's (``ArchiveService.outbox_policy``); every stored
+        turn then carries its archive record, in the same atomic write."""
         self._config = config
         self._keys = KeyScheme(config.prefix, config.buckets)
         self._window = Window(config.window_max_messages, config.window_max_tokens)
@@ -68,7 +73,8 @@ class SessionService:
         self._store = build_store(config)
         policy = AppendPolicy(
             limits=HistoryLimits(config.max_stored_messages, config.idempotency_window),
-            max_attempts=config.cas_max_attempts, codec=CODECS_BY_NAME[config.codec])
+            max_attempts=config.cas_max_attempts, codec=CODECS_BY_NAME[config.codec],
+            outbox=outbox)
         self._sessions = ResilientStore(self._store, build_cache(config), self._log, policy,
                                         self._commit_timeout, self._counters, self._wake)
         self._replayer = Replayer(self._log, self._sessions.replay, config.compensation,
@@ -100,9 +106,9 @@ class SessionService:
         close the clients."""
         if self._commits:
             await asyncio.wait(set(self._commits), timeout=self._commit_timeout)
-        await self._replayer.stop()
+        stopped = await self._replayer.stop()
         budget = self._config.compensation.flush_on_close_ms / 1000
-        if len(self._log) and not await self._replayer.flush(budget):
+        if len(self._log) and not (stopped and await self._replayer.flush(budget)):
             log.error("closing with %d session writes that Redis never received",
                       len(self._log))
         await self._store.close()

@@ -10,10 +10,14 @@ script, and the bucket's outbox (issue 5) lives beside its sessions.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.redis_store import RedisStore
 from gateway.sessions.store import CasOutcome
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxEntry
 
 
 class ShardedStore:
@@ -37,9 +41,11 @@ class ShardedStore:
         return await self._server(key).get(key)
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
-                              blob: bytes, new_version: int) -> CasOutcome:
+                              blob: bytes, new_version: int,
+                              outbox: OutboxEntry | None = None) -> CasOutcome:
+        """The bucket's outbox lives on the bucket's server: one script there."""
         return await self._server(key).compare_and_set(key, expected_version, blob,
-                                                       new_version)
+                                                       new_version, outbox)
 
     async def delete(self, key: SessionKey) -> bool:
         return await self._server(key).delete(key)

@@ -22,6 +22,39 @@ _EMPTY_PARTS: Mapping[str, bytes] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
+class TurnMeta:
+    """What the archive records about the request behind a turn (issue 5).
+
+    The session itself never reads it: it travels with the turn only so that
+    the archive record, written in the same atomic step, can carry it.
+    """
+
+    model: str | None = None
+    """The model that served (the requested one or a fallback)."""
+    backend: str | None = None
+    """The backend that served."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    started_ms: int | None = None
+    """When the gateway received the request (unix ms)."""
+
+    @classmethod
+    def of(cls, model: str | None, backend: str | None, usage: Any = None,
+           started_ms: int | None = None) -> TurnMeta:
+        """From an OpenAI ``usage`` object as the backend sent it (anything else: no usage)."""
+        usage = usage if isinstance(usage, Mapping) else {}
+
+        def tokens(name: str) -> int | None:
+            value = usage.get(name)
+            is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            return value if is_count else None
+
+        return cls(model, backend, tokens("prompt_tokens"), tokens("completion_tokens"),
+                   tokens("total_tokens"), started_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class Turn:
     """What one successful request adds to its session."""
 
@@ -33,6 +66,8 @@ class Turn:
     """The client's system message, if it sent one: it replaces the stored one."""
     ts_ms: int
     """When the turn was committed (unix ms)."""
+    meta: TurnMeta | None = None
+    """Model, backend, token usage, for the archive; not stored in the session."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,31 @@ so the ``memory``, ``redis``, ``cluster`` and ``sharded`` stores behave alike.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.sessions.keys import SessionKey
+
+if TYPE_CHECKING:
+    from gateway.archive.record import OutboxEntry
 
 
 class StoreUnavailable(Exception):
     """The store did not answer in time or failed: the caller falls back."""
+
+
+def reraise_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the running task has been asked to stop.
+
+    redis-py cleans up in ``finally`` blocks (a pipeline releasing its
+    connection), and an error there replaces the ``CancelledError`` of a
+    cancelled task: without this check a cancelled caller would see a
+    ``StoreUnavailable``, treat it as Redis trouble, and go on.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +44,8 @@ class CasOutcome:
     """On a conflict: the value stored now (None if there is none), to retry on."""
     replicated: bool = True
     """False when the write applied but fewer replicas than asked acknowledged it."""
+    outbox_refused: bool = False
+    """The write applied, but the archive outbox was full: its record was not added."""
 
 
 class SessionStore(Protocol):
@@ -45,10 +64,13 @@ class SessionStore(Protocol):
         ...
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
-                              blob: bytes, new_version: int) -> CasOutcome:
+                              blob: bytes, new_version: int,
+                              outbox: OutboxEntry | None = None) -> CasOutcome:
         """Store ``blob`` if the stored version is ``expected_version`` (0: absent).
 
-        The idle TTL starts again with every applied write.
+        The idle TTL starts again with every applied write. With ``outbox``, the
+        archive record is added in the same atomic step, exactly when the write
+        applies (to the bucket's outbox stream, or the local queue without Redis).
         """
         ...
 
