@@ -190,7 +190,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         sessions = SessionsConfig(store="redis", url=redis.url)
         config = ArchiveConfig(url=mariadb.url, dialect="mysql", workers=args.workers,
-                               table=f"bench_{os.getpid()}")
+                               table=f"bench_{os.getpid()}",
+                               max_records_per_second=args.max_records_per_second)
         collector = Collector()
         archive = ArchiveService(config, sessions, collector)
         await archive.start()
@@ -263,7 +264,7 @@ def caught_up(collector: Collector, since: float, normal: int = 1000) -> float |
 def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"archive bench: {result['turns']} turns at {result['rate']:.0f} turns/s for "
           f"{args.seconds:g} s ({args.load_processes} load processes, {args.workers} "
-          "archive workers)")
+          f"archive workers, max_records_per_second {args.max_records_per_second})")
     print(f"  lag  p50 {result['lag_p50_ms']:.0f} ms   p99 {result['lag_p99_ms']:.0f} ms "
           f"(target {TARGET_P99_S * 1000:.0f} ms: "
           f"{'met' if result['p99_within_target'] else 'MISSED'})   max "
@@ -285,6 +286,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=3000, help="sessions per process")
     parser.add_argument("--load-processes", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="archive workers")
+    parser.add_argument("--max-records-per-second", type=int, default=0,
+                        help="the archive's max_records_per_second (0: no cap)")
     parser.add_argument("--outage-at", type=float, default=10.0)
     parser.add_argument("--outage-s", type=float, default=0.0, help="MariaDB down this long")
     parser.add_argument("--drain-s", type=float, default=120.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 
 import pytest
 from sqlalchemy.dialects import mysql, sqlite
@@ -32,9 +33,11 @@ def test_the_dialect_follows_the_url_and_tidb_is_chosen_explicitly() -> None:
     assert parse('url = "mysql+asyncmy://gw@db:3306/gateway"').dialect == "mysql"
     assert parse('url = "mariadb+asyncmy://gw@db/gateway"').dialect == "mysql"
     tidb = parse('url = "mysql+asyncmy://gw@tidb:4000/gateway"\ndialect = "tidb"\n'
-                 'password_env = "ARCHIVE_DB_PASSWORD"\nbatch_size = 200\nworkers = 4')
+                 'password_env = "ARCHIVE_DB_PASSWORD"\nbatch_size = 200\nworkers = 4\n'
+                 "max_records_per_second = 3000\noutbox_max_records = 1000")
     assert (tidb.dialect, tidb.password_env, tidb.batch_size, tidb.workers) == (
         "tidb", "ARCHIVE_DB_PASSWORD", 200, 4)
+    assert (tidb.max_records_per_second, tidb.outbox_max_records) == (3000, 1000)
 
 
 def test_a_password_is_never_shown() -> None:
@@ -88,6 +91,11 @@ def test_a_record_carries_the_turn_its_number_and_its_meta() -> None:
     assert (record.model, record.backend, record.prompt_tokens, record.completion_tokens,
             record.total_tokens) == ("m", "b", 3, 2, None)  # a bool is not a count
     assert decode_record(encode_record(record)) == record
+    # whatever a backend put in its usage, the record stays readable
+    odd = replace(turn, meta=TurnMeta("m", "b", "12", -1, 3.5))  # type: ignore[arg-type]
+    record = decode_record(policy.entry(key, state, odd).record)
+    assert (record.prompt_tokens, record.completion_tokens, record.total_tokens) == (
+        None, None, None)
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"v": 99}',

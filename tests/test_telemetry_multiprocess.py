@@ -39,7 +39,7 @@ def _worker(index: int, requests: int, barrier, results) -> None:  # pragma: no 
         metrics.request_done("m", "a", 200, total_seconds=0.5, upstream_seconds=0.4995)
     metrics.set_in_flight("a", index + 1)                            # 1 + 2
     metrics.set_breaker_state("a", "open" if index == 0 else "closed")  # worst: open
-    metrics.set_archive_backlog(10 * (index + 1))                   # 10 + 20
+    metrics.set_archive_backlog(10 * (index + 1))                   # max(10, 20)
     barrier.wait(TIMEOUT_S)
     if index == 1:
         results.put(render_metrics(metrics)[0].decode())
@@ -89,7 +89,7 @@ def test_workers_are_aggregated(tmp_path, monkeypatch):
     assert scraped[("gateway_overhead_seconds_bucket", (("le", "0.001"),))] == 7
     assert scraped[in_flight] == 3
     assert scraped[breaker] == 2
-    assert scraped[backlog] == 30
+    assert scraped[backlog] == 20  # the shared outbox: the max, not the sum
 
     # The parent's aggregate is the same; a dead worker's live gauges leave it,
     # its counters stay (totals never go backwards).

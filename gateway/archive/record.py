@@ -62,8 +62,20 @@ def record_of(key: SessionKey, state: SessionState, turn: Turn) -> ArchiveRecord
         return ArchiveRecord(key.tenant, key.session_id, turn.turn_id, state.turns,
                              turn.ts_ms, messages)
     return ArchiveRecord(key.tenant, key.session_id, turn.turn_id, state.turns, turn.ts_ms,
-                         messages, meta.model, meta.backend, meta.prompt_tokens,
-                         meta.completion_tokens, meta.total_tokens, meta.started_ms)
+                         messages, _name(meta.model), _name(meta.backend),
+                         _tokens(meta.prompt_tokens), _tokens(meta.completion_tokens),
+                         _tokens(meta.total_tokens), _tokens(meta.started_ms))
+
+
+def _tokens(value: Any) -> int | None:
+    """A count as the record keeps it: whatever a backend sent that is not one, None
+    (a malformed ``usage`` must not make the whole turn unarchivable)."""
+    is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if is_count else None
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def encode_record(record: ArchiveRecord) -> bytes:

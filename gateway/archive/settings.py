@@ -66,6 +66,11 @@ class ArchiveConfig:
     backoff_initial_ms: int = 100
     """First wait after the database or Redis failed; doubles up to ``backoff_max_ms``."""
     backoff_max_ms: int = 5_000
+    max_records_per_second: int = 0
+    """Records this gateway writes per second at most (0: no limit). The archive runs
+    in the gateway's process: after an outage it drains the backlog as fast as the
+    database takes it, and that CPU is taken from requests. A cap above the normal
+    rate (turns/s per gateway) still catches up, and leaves requests their share."""
     degraded_backlog: int = 10_000
     """Records waiting beyond which the archive reports itself degraded."""
     close_timeout_ms: int = 5_000
@@ -113,6 +118,8 @@ def parse_archive(table: Table) -> ArchiveConfig:
         backoff_initial_ms=table.integer("backoff_initial_ms", d.backoff_initial_ms,
                                          minimum=1),
         backoff_max_ms=table.integer("backoff_max_ms", d.backoff_max_ms, minimum=1),
+        max_records_per_second=table.integer("max_records_per_second",
+                                             d.max_records_per_second, minimum=0),
         degraded_backlog=table.integer("degraded_backlog", d.degraded_backlog, minimum=1),
         close_timeout_ms=table.integer("close_timeout_ms", d.close_timeout_ms, minimum=0),
     )

@@ -65,6 +65,24 @@ def pending_of(raw: bytes) -> Pending:
         return Pending(raw, None, str(exc))
 
 
+class Pacer:
+    """At most ``rate`` records per second over all the writer's callers (0: no limit)."""
+
+    def __init__(self, rate: int) -> None:
+        self._rate = rate
+        self._next = 0.0
+
+    async def take(self, records: int) -> None:
+        """Wait for this many records' share of the rate (a bounded sleep)."""
+        if not self._rate:
+            return
+        now = time.monotonic()
+        start = max(now, self._next)
+        self._next = start + records / self._rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
 class _NotWritable(Exception):
     """The database does not take writes now: wait and try again."""
 
@@ -130,6 +148,7 @@ class ArchiveWriter:
         self._insert_dead = upsert(self._dead, config.dialect)
         self._timeout = config.write_timeout_ms / 1000
         self._failures = 0
+        self._pacer = Pacer(config.max_records_per_second)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -158,6 +177,7 @@ class ArchiveWriter:
         ``keepalive`` runs before each wait (the outbox uses it to keep the
         records claimed). Returns once all are written; cancel it to give up.
         """
+        await self._pacer.take(len(items))
         pending = list(items)
         while pending:
             pending = await self._attempt(pending)

@@ -26,7 +26,7 @@ Metrics (this table is the contract for README, dashboards and alerts):
 | ``gateway_session_store_operations_total`` | counter | store, op, outcome | session store calls; store ``redis``, ``cluster``, ``sharded``, ``memory``, ``fallback``; op ``load``, ``save``, ``delete``, ``replay``; outcome ``ok``, ``miss``, ``conflict``, ``error``, ``timeout`` |
 | ``gateway_session_fallback_backlog_entries`` | gauge | | session writes waiting in the compensation log for Redis (sum over workers) |
 | ``gateway_archive_lag_seconds`` | histogram | | a turn's completion to its archive row being written |
-| ``gateway_archive_backlog_records`` | gauge | | archive records waiting to be written (sum over workers) |
+| ``gateway_archive_backlog_records`` | gauge | | archive records waiting to be written (the shared outbox with Redis: the max over workers) |
 
 Label values must come from configuration or from the fixed sets above, never
 from a client (each distinct value is a new series): a requested model that
@@ -215,7 +215,10 @@ class GatewayMetrics:
             ARCHIVE_LAG_BUCKETS)
         self._archive_backlog = self._gauge(
             "gateway_archive_backlog_records", "Archive records waiting to be written.", (),
-            "livesum")
+            # With Redis every worker samples the same shared outbox: a sum would
+            # count it N times. (With the memory store each worker's queue is its
+            # own, and the max under-reports: the Redis case is the production one.)
+            "livemax")
 
     # -- requests -----------------------------------------------------------------
 
