@@ -9,15 +9,21 @@ retryable in principle.
 
 from __future__ import annotations
 
-import asyncio
 from enum import StrEnum
 from typing import Any
 
-import aiohttp
 from multidict import CIMultiDictProxy
 
 from gateway.resilience.deadline import Deadline
 from gateway.upstream.backend import Backend
+from gateway.upstream.http1 import (
+    ConnectFailed,
+    ConnectionBroken,
+    ConnectTimedOut,
+    DeadlinePassed,
+    ReadTimedOut,
+    UpstreamResponse,
+)
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -59,91 +65,81 @@ class AttemptFailed(Exception):
 
 
 async def open_response(backend: Backend, path: str, body: bytes, headers: dict[str, str],
-                        deadline: Deadline, read: float = 0.0) -> aiohttp.ClientResponse:
-    """POST ``body`` to ``backend`` and return its 2xx response, headers read, body not.
+                        deadline: Deadline, read: float = 0.0) -> UpstreamResponse:
+    """POST ``body`` to ``backend`` and return its 2xx response, head read, body not.
 
-    The wait is bounded by the connect and read timeouts (on the backend's
-    session, or ``read`` when given), by the request's deadline, and by the
-    backend's own ``total``.
-    The caller must ``release()`` the returned response.
+    The wait is bounded by the connect and read timeouts (the backend's, or
+    ``read`` when given), by the request's deadline, and by the backend's own
+    ``total``. The caller must ``release()`` the returned response.
     """
     budget = min(deadline.remaining(), backend.timeouts.total)
     if budget <= 0:
         raise AttemptFailed(backend, Failure.DEADLINE, "the request's deadline has passed")
+    read = read or backend.timeouts.read
+    connections = backend.connections
     try:
-        async with asyncio.timeout(budget):
-            # A per-request timeout replaces the session's whole ClientTimeout,
-            # and timeout=None would mean "no timeouts at all": pass one only
-            # when it differs (see NOTES.md).
-            timeout = backend.read_timeout(read)
-            if timeout is None:
-                response = await backend.session.post(backend.url(path), data=body,
-                                                      headers=headers)
-            else:
-                response = await backend.session.post(backend.url(path), data=body,
-                                                      headers=headers, timeout=timeout)
-            if response.status < 300:
-                return response
-            error_body = await _read_error_body(response)
-    except aiohttp.ConnectionTimeoutError:
+        response = await connections.post(path, body, headers, read=read,
+                                          deadline=connections.loop.time() + budget)
+        if response.status < 300:
+            return response
+        error_body = await _read_error_body(response)
+    except ConnectTimedOut:
         raise AttemptFailed(backend, Failure.CONNECT_TIMEOUT,
                             f"backend {backend.name}: no connection within "
                             f"{backend.timeouts.connect:g} s") from None
-    except aiohttp.SocketTimeoutError:
+    except ReadTimedOut:
         raise AttemptFailed(backend, Failure.READ_TIMEOUT,
                             f"backend {backend.name}: no response within "
-                            f"{read or backend.timeouts.read:g} s (read timeout)") from None
-    except TimeoutError:
+                            f"{read:g} s (read timeout)") from None
+    except DeadlinePassed:
         raise AttemptFailed(backend, Failure.DEADLINE,
                             f"backend {backend.name}: no response before the deadline") from None
-    except aiohttp.ClientConnectorError as exc:
+    except ConnectFailed as exc:
         raise AttemptFailed(backend, Failure.CONNECT_ERROR,
                             f"backend {backend.name}: cannot connect: {exc.os_error}") from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+    except ConnectionBroken as exc:
         raise AttemptFailed(backend, Failure.DISCONNECTED,
-                            f"backend {backend.name}: connection lost: "
-                            f"{exc or type(exc).__name__}") from None
+                            f"backend {backend.name}: connection lost: {exc}") from None
     raise AttemptFailed(backend, Failure.HTTP_STATUS,
                         f"backend {backend.name} answered {response.status}",
                         status=response.status, body=error_body, headers=response.headers)
 
 
-async def _read_error_body(response: aiohttp.ClientResponse) -> bytes:
-    """Read a bounded error body, then return the connection to the pool."""
+async def _read_error_body(response: UpstreamResponse) -> bytes:
+    """Read a bounded error body, then let the connection go (reused when complete)."""
     chunks: list[bytes] = []
     size = 0
     try:
-        while size < _MAX_ERROR_BODY and (chunk := await response.content.read(_MAX_ERROR_BODY)):
+        async for chunk in response:
             chunks.append(chunk)
             size += len(chunk)
+            if size >= _MAX_ERROR_BODY:
+                break
     finally:
         response.release()
     return b"".join(chunks)[:_MAX_ERROR_BODY]
 
 
-async def read_whole_body(backend: Backend, response: aiohttp.ClientResponse,
+async def read_whole_body(backend: Backend, response: UpstreamResponse,
                           stream_max: float) -> bytes:
     """Read a non-streaming response in full.
 
     Nothing has reached the client until this returns, so a failure here is
     still an attempt failure (retryable), not a broken response. Silence is
-    bounded by ``read`` (the session's socket timeout); the whole read by
-    ``stream_max`` when set.
+    bounded by the attempt's ``read``; the whole read by ``stream_max`` when set.
     """
     try:
-        async with asyncio.timeout(stream_max or None):
-            return await response.read()
-    except aiohttp.SocketTimeoutError:
+        return await response.read(within=stream_max)
+    except ReadTimedOut as exc:
         raise AttemptFailed(backend, Failure.READ_TIMEOUT,
-                            f"backend {backend.name}: body stalled for more than "
-                            f"{backend.timeouts.read:g} s (read timeout)") from None
-    except TimeoutError:
+                            f"backend {backend.name}: body stalled: {exc} (read timeout)") from None
+    except DeadlinePassed:
         raise AttemptFailed(backend, Failure.READ_TIMEOUT,
                             f"backend {backend.name}: body took longer than "
                             f"stream_max = {stream_max:g} s") from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+    except ConnectionBroken as exc:
         raise AttemptFailed(backend, Failure.DISCONNECTED,
                             f"backend {backend.name}: connection lost while reading the body: "
-                            f"{exc or type(exc).__name__}") from None
+                            f"{exc}") from None
     finally:
         response.release()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from gateway.config import BackendConfig, Timeouts
 from gateway.resilience.breaker import CircuitBreaker
+from gateway.upstream.connections import ConnectionPool
 
 _EWMA_ALPHA = 0.2
 """Weight of the newest outcome: about the last ten calls count."""
@@ -19,9 +19,9 @@ _EWMA_HALF_LIFE_S = 5.0
 class Backend:
     """A backend at run time.
 
-    Owns one keep-alive :class:`aiohttp.ClientSession`, created at start-up and
-    closed at shutdown (never one per request), and counts the requests it is
-    serving, which the pool uses to pick the least loaded backend.
+    Owns one pool of keep-alive connections (:mod:`gateway.upstream.connections`),
+    started at start-up and closed at shutdown (never one per request), and
+    counts the requests it is serving, which the pool uses to pick the least loaded backend.
     """
 
     def __init__(self, config: BackendConfig, breaker: CircuitBreaker) -> None:
@@ -33,33 +33,16 @@ class Backend:
         self._failure_ewma = 0.0
         self._ewma_at = 0.0
         self._release_listeners: list[Callable[[], None]] = []
-        self._timeouts_by_read: dict[float, aiohttp.ClientTimeout] = {}
         self._api_key = config.api_key()
-        self._session: aiohttp.ClientSession | None = None
+        self.connections = ConnectionPool(config.url, connect_timeout=self.timeouts.connect,
+                                          max_idle=config.max_concurrency)
 
     @property
     def api_key(self) -> str | None:
         return self._api_key
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError(f"backend {self.name} is not started")
-        return self._session
-
     def url(self, path: str) -> str:
         return self.config.url + path
-
-    def read_timeout(self, read: float) -> aiohttp.ClientTimeout | None:
-        """A per-request timeout with another ``read``; None when it is the session's."""
-        if not read or read == self.timeouts.read:
-            return None
-        timeout = self._timeouts_by_read.get(read)
-        if timeout is None:
-            timeout = aiohttp.ClientTimeout(total=None, connect=None,
-                                            sock_connect=self.timeouts.connect, sock_read=read)
-            self._timeouts_by_read[read] = timeout
-        return timeout
 
     def has_capacity(self) -> bool:
         return self.in_flight < self.config.max_concurrency
@@ -98,27 +81,7 @@ class Backend:
             listener()
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            # The gateway enforces max_concurrency itself; the connector limit is a
-            # backstop only, never reached in normal operation (a full connector
-            # pool would show up as connect timeouts, see NOTES.md).
-            limit=self.config.max_concurrency + 16,
-            limit_per_host=0,
-            keepalive_timeout=30,
-            enable_cleanup_closed=True,
-        )
-        # total=None: a started stream must never be cut by aiohttp's total
-        # timeout; the request's deadline is kept by the caller (NOTES.md).
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=None,
-            sock_connect=self.timeouts.connect, sock_read=self.timeouts.read,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, raise_for_status=False,
-            skip_auto_headers=("User-Agent",),
-        )
+        self.connections.start(asyncio.get_running_loop())
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self.connections.close()

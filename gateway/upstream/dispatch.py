@@ -12,8 +12,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
-
 from gateway.resilience.backoff import retry_after_seconds
 from gateway.resilience.breaker import Permit
 from gateway.resilience.budget import RetryBudget
@@ -21,6 +19,7 @@ from gateway.resilience.deadline import Deadline
 from gateway.resilience.retry import RetryPolicy, RetryRecord
 from gateway.upstream.attempt import AttemptFailed, Failure, open_response, read_whole_body
 from gateway.upstream.backend import Backend
+from gateway.upstream.http1 import UpstreamResponse
 from gateway.upstream.pool import Pool
 
 HeadersFor = Callable[[Backend], dict[str, str]]
@@ -50,7 +49,7 @@ class Dispatched:
     """A backend's started 2xx response, with what must be settled when it ends."""
 
     backend: Backend
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
     body: bytes | None
     """The whole body of a non-streaming response; None for a stream."""
     permit: Permit

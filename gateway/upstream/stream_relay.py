@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from gateway.upstream.http1 import ConnectionBroken, ReadTimedOut, UpstreamResponse
 from gateway.upstream.resume import Splice
 from gateway.upstream.sse import EventBuffer, ends_with_done, error_event
 from gateway.upstream.stream_policy import StreamPolicy, Violation
@@ -66,7 +67,7 @@ class ClientStream:
             self.client_gone = True
         return not self.client_gone
 
-    async def relay(self, upstream: aiohttp.ClientResponse, backend_name: str,
+    async def relay(self, upstream: UpstreamResponse, backend_name: str,
                     policy: StreamPolicy, limits: tuple[float, float],
                     splice: Splice | None = None) -> LegOutcome:
         """Forward one leg's events until ``[DONE]`` or a violation of the policy.
@@ -109,7 +110,7 @@ class ClientStream:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             self.client_gone = True
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, backend: str, policy: StreamPolicy,
+    async def _pump(self, upstream: UpstreamResponse, backend: str, policy: StreamPolicy,
                     limits: tuple[float, float], splice: Splice | None,
                     outcome: LegOutcome) -> None:
         read, max_duration = limits
@@ -121,7 +122,7 @@ class ClientStream:
         seen = 0
         try:
             async with asyncio.timeout_at(_at(started, first_limit)) as limit:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in upstream:
                     complete = events.feed(chunk)
                     if not complete:
                         continue
@@ -135,7 +136,7 @@ class ClientStream:
                         _violated(outcome, Violation.MIN_THROUGHPUT, f"backend {backend} sent "
                                   f"fewer than {policy.min_tokens_per_second:g} tokens/s")
                         return
-        except aiohttp.SocketTimeoutError:
+        except ReadTimedOut:
             _violated(outcome, Violation.READ, f"backend {backend} sent nothing for {read:g} s")
             return
         except TimeoutError:
@@ -146,8 +147,7 @@ class ClientStream:
                 _violated(outcome, Violation.MAX_DURATION,
                           f"the stream exceeded its maximum duration of {max_duration:g} s")
             return
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError):
+        except ConnectionBroken:
             # Writing to a client that went away raises ConnectionResetError,
             # which is none of these and reaches relay().
             _violated(outcome, Violation.DISCONNECTED,
