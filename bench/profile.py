@@ -46,9 +46,10 @@ from bench.stack import Stack
 PY_SPY = Path(sys.executable).with_name("py-spy")
 WAIT_LEAVES = ("StreamWriter._writelines (", "StreamWriter._write (", "Runner.run (",
                "StreamHandler.emit (", "StreamHandler.flush (",
-               "StreamWriter.writelines (asyncio", "StreamWriter.write (asyncio")
-"""Leaves that end in a system call (socket writes of aiohttp and of redis-py's asyncio
-streams, log writes, the loop's own reads and polls):
+               "StreamWriter.writelines (asyncio", "StreamWriter.write (asyncio",
+               "Http1Connection.send (", "_LineSink.flush (")
+"""Leaves that end in a system call (socket writes of aiohttp, of the backend client and
+of redis-py's asyncio streams, log writes, the loop's own reads and polls):
 where a preempted thread waits in the run queue, so py-spy's counts there are mostly wait.
 Their real CPU is in perf's kernel / uvloop groups."""
 

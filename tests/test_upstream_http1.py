@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from gateway.upstream import http1
 from gateway.upstream.connections import ConnectionPool
 from gateway.upstream.http1 import (
     HIGH_WATER,
@@ -362,3 +363,56 @@ async def test_refused_connection() -> None:
     with pytest.raises(ConnectFailed) as failed:
         await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
     assert isinstance(failed.value.os_error, ConnectionRefusedError)
+
+
+async def test_finished_reader_keeps_the_connection_for_the_end_of_the_message(serve) -> None:
+    # An SSE backend sends [DONE], then (a moment later) the chunked body's end.
+    end_of_message = asyncio.Event()
+
+    async def handler(reader, writer, _):
+        while True:
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"e\r\ndata: [DONE]\n\n\r\n")
+            await writer.drain()
+            await end_of_message.wait()
+            end_of_message.clear()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    server = await serve(handler)
+    pool = pool_for(server)
+    for _ in range(2):
+        response = await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
+        assert await anext(aiter(response)) == b"data: [DONE]\n\n"
+        response.release(finished=True)
+        assert pool.idle_count == 0  # not before the message ended
+        end_of_message.set()
+        async with asyncio.timeout(2):
+            while not pool.idle_count:  # noqa: ASYNC110 (the pool has no event to await)
+                await asyncio.sleep(0.01)
+    assert server.connections == 1
+    pool.close()
+
+
+async def test_finished_reader_drops_a_connection_whose_message_never_ends(serve, monkeypatch
+                                                                           ) -> None:
+    monkeypatch.setattr(http1, "LINGER_S", 0.2)
+
+    async def handler(reader, writer, _):
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"e\r\ndata: [DONE]\n\n\r\n")
+        await writer.drain()
+        await reader.read()  # returns when the client closes
+        server.closed_by_client.set()
+
+    server = await serve(handler)
+    pool = pool_for(server)
+    response = await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
+    assert await anext(aiter(response)) == b"data: [DONE]\n\n"
+    started = time.monotonic()
+    response.release(finished=True)
+    await asyncio.wait_for(server.closed_by_client.wait(), 2)
+    assert 0.15 <= time.monotonic() - started < 1.5
+    assert pool.idle_count == 0

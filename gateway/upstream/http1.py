@@ -34,6 +34,10 @@ HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 _MAX_HEAD = 64 * 1024
 """A response head (status line and headers) larger than this is refused."""
+LINGER_S = 2.0
+"""How long a finished reader's connection waits for the end of its message."""
+_LINGER_BYTES = 64 * 1024
+"""How much of a finished reader's body may still arrive before the connection is dropped."""
 
 
 class UpstreamError(Exception):
@@ -80,7 +84,8 @@ class UpstreamResponse:
     """
 
     __slots__ = ("_buffered", "_chunks", "_complete", "_connection", "_deadline", "_error",
-                 "_last_data", "_loop", "_paused", "_read", "_released", "_timer", "_waiter",
+                 "_last_data", "_lingering", "_loop", "_paused", "_read", "_released", "_timer",
+                 "_waiter",
                  "headers", "status")
 
     def __init__(self, connection: Http1Connection, read: float, deadline: float | None) -> None:
@@ -91,11 +96,12 @@ class UpstreamResponse:
         self._last_data = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._chunks: list[bytes] = []
+        self._chunks = connection.body  # filled by the parser, emptied by the reader
         self._buffered = 0
         self._complete = False
         self._paused = False
         self._released = False
+        self._lingering = False
         self._error: UpstreamError | None = None
         self.status = 0
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS
@@ -155,11 +161,23 @@ class UpstreamResponse:
             self._connection.resume_reading()
         return data
 
-    def release(self) -> None:
-        """Give the connection back (complete response) or close it (anything else)."""
+    def release(self, *, finished: bool = False) -> None:
+        """Give the connection back (complete response) or close it (anything else).
+
+        ``finished``: the reader has all it needs (an SSE stream's ``[DONE]``)
+        and only the end of the message (a chunked body's last, empty chunk)
+        may still be on its way. The connection then waits for it, ``LINGER_S``
+        at most, and is reused instead of being closed and opened again.
+        """
         if self._released:
             return
         self._released = True
+        if finished and not self._complete and self._error is None:
+            self._lingering = True
+            self._chunks.clear()
+            self._deadline = self._loop.time() + LINGER_S
+            self._arm_timer()
+            return
         self._cancel_timer()
         self._connection.exchange_done(self, reusable=self._complete and self._error is None)
 
@@ -187,20 +205,27 @@ class UpstreamResponse:
         self._deadline = None  # the request's deadline ends when the response starts
         self._wake()
 
-    def body_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > HIGH_WATER and not self._paused:
-            self._paused = True
-            self._connection.pause_reading()
-
-    def data_arrived(self) -> None:
+    def data_arrived(self, size: int) -> None:
+        """``size`` bytes were read from the socket (body bytes, if any, are in)."""
         self._last_data = self._loop.time()
+        if self._lingering:
+            self._chunks.clear()
+            self._buffered += size
+            if self._buffered > _LINGER_BYTES:
+                self._connection.abort(self, ConnectionBroken("more body than expected"))
+            return
+        if self._chunks:
+            self._buffered += size  # framing included: a watermark needs no precision
+            if self._buffered > HIGH_WATER and not self._paused:
+                self._paused = True
+                self._connection.pause_reading()
         self._wake()
 
     def completed(self) -> None:
         self._complete = True
         self._cancel_timer()
+        if self._lingering:
+            self._connection.exchange_done(self, reusable=True)
         self._wake()
 
     def failed(self, error: UpstreamError) -> None:
@@ -208,6 +233,8 @@ class UpstreamResponse:
             return
         self._error = error
         self._cancel_timer()
+        if self._lingering:
+            self._connection.exchange_done(self, reusable=False)
         self._wake()
 
     def _arm_timer(self) -> None:
@@ -257,10 +284,16 @@ class Http1Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._on_idle = on_idle
         self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
         self._response: UpstreamResponse | None = None
         self._received = 0
         self._raw_headers: list[tuple[str, str]] = []
+        self.body: list[bytes] = []
+        """Body chunks of the current response, not yet read."""
+        # The parser calls on_body once per chunk (an SSE backend sends one per
+        # event): a bound list.append costs no Python frame. httptools looks the
+        # callbacks up when the parser is created, so this comes first.
+        self.on_body = self.body.append
+        self._parser = httptools.HttpResponseParser(self)
         self._eof_delimited = False
         self._informational = False
         self._keep_alive = False
@@ -285,7 +318,7 @@ class Http1Connection(asyncio.Protocol):
         if not response.status and self._received > _MAX_HEAD:
             self.abort(response, ConnectionBroken("the response head is too large"))
             return
-        response.data_arrived()
+        response.data_arrived(len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_open = False
@@ -326,10 +359,6 @@ class Http1Connection(asyncio.Protocol):
                                and status not in (204, 304))
         response.head_received(status, headers)
 
-    def on_body(self, body: bytes) -> None:
-        assert self._response is not None
-        self._response.body_received(body)
-
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
@@ -349,6 +378,7 @@ class Http1Connection(asyncio.Protocol):
         self._response = response
         self._received = 0
         self._keep_alive = False
+        self.body.clear()
         self._transport.writelines(request)
         response._arm_timer()
         return response

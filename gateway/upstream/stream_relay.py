@@ -48,7 +48,7 @@ class ClientStream:
                  before_done: BeforeDone | None = None,
                  on_first: Callable[[], None] | None = None) -> None:
         self._request = request
-        self.response = web.StreamResponse(status=200, headers=headers)
+        self.response = _EventStreamResponse(status=200, headers=headers)
         self.emitted: list[bytes] = []
         """Every run of events forwarded, when ``keep_events`` (needed to resume)."""
         self._keep_events = keep_events
@@ -59,6 +59,8 @@ class ClientStream:
         """Awaited before ``[DONE]`` is written: a session turn is stored by then."""
         self.resumes = 0
         self.client_gone = False
+        self._tail = b""
+        """The final events, sent together with the end of the response (one write)."""
 
     async def open(self) -> bool:
         try:
@@ -80,7 +82,7 @@ class ClientStream:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             outcome.client_gone = self.client_gone = True
         finally:
-            upstream.release()
+            upstream.release(finished=outcome.completed)
         return outcome
 
     async def fail(self, outcome: LegOutcome) -> None:
@@ -98,7 +100,7 @@ class ClientStream:
     async def close(self) -> None:
         if not self.client_gone:
             try:
-                await self.response.write_eof()
+                await self.response.write_eof(self._tail)
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 self.client_gone = True
 
@@ -177,8 +179,23 @@ class ClientStream:
             await self.response.write(complete[:cut])
             await self._before_done()
             complete = complete[cut:]
-        await self.response.write(complete)
+        if done:
+            self._tail = complete  # nothing can follow [DONE]: close() sends it
+        else:
+            await self.response.write(complete)
         return done
+
+
+class _EventStreamResponse(web.StreamResponse):
+    """A streamed response whose head goes out with its first events, in one write.
+
+    aiohttp sends a ``StreamResponse``'s head on ``prepare()`` by default (a
+    write of its own); ``Response`` opts out of that, and so does this. A
+    client sees the head when the first token is ready, which for SSE is when
+    it has anything to read.
+    """
+
+    _send_headers_immediately = False
 
 
 class _RateCheck:
