@@ -38,7 +38,8 @@ async def respond(request: web.Request, runtime: Runtime, job: StreamJob, model:
     headers[REQUEST_ID] = rid
     if dispatched.body is not None:
         dispatched.finish()
-        charge_tokens(request, total_tokens(dispatched.body))
+        if _charges_tokens(request):  # reading usage parses the body: only when it counts
+            charge_tokens(request, total_tokens(dispatched.body))
         if report.sampled:
             report.usage = usage_of(dispatched.body)
         if binding is not None:
@@ -76,12 +77,15 @@ def _turn_meta(model: str, dispatched: Dispatched, usage: dict | None) -> TurnMe
                     total_tokens=usage.get("total_tokens"))
 
 
+def _charges_tokens(request: web.Request) -> bool:
+    """Whether the request's key has a token limit to charge the answer to."""
+    principal = request.get(PRINCIPAL_KEY)
+    return principal is not None and bool(principal.rates.token_interval_us)
+
+
 def _usage_follower(request: web.Request) -> StreamUsage | None:
     """Follows a stream's usage only when the key has a token limit to charge."""
-    principal = request.get(PRINCIPAL_KEY)
-    if principal is None or not principal.rates.token_interval_us:
-        return None
-    return StreamUsage()
+    return StreamUsage() if _charges_tokens(request) else None
 
 
 def _observer(binding: SessionBinding | None,

@@ -50,6 +50,9 @@ class Pool:
     def pick(self, avoid: Collection[Backend] = (),
              exclude: Collection[Backend] = ()) -> Backend | None:
         """The backend to try next, preferring one not in ``avoid``, never one in ``exclude``."""
+        if len(self.backends) == 1:  # the common case of one engine per model, without lists
+            only = self.backends[0]
+            return only if only.admits() and only not in exclude else None
         admitting = [b for b in self.backends if b.admits() and b not in exclude]
         fresh = [b for b in admitting if b not in avoid]
         return _least_loaded(fresh or admitting)
