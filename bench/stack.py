@@ -19,7 +19,7 @@ import aiohttp
 
 from bench import configs
 from bench.loadgen import RoundSpec
-from bench.procs import Child, check_config, gateway_child, sim_child
+from bench.procs import PYTHON, Child, check_config, gateway_child, sim_child
 from bench.scenarios import Scenario, Sizing
 
 SESSIONS_PROBE_URL = "redis://127.0.0.1:6399/0"
@@ -43,6 +43,8 @@ class Stack:
     load_core: int
     sims: list[Child] = field(default_factory=list)
     gateway: Child | None = None
+    trace_sink: Child | None = None
+    """Receives the sampled spans (OTLP/HTTP): the issue's targets hold with tracing on."""
     redis: Any = None
     """A ``tests.services.RedisServer`` for the session scenario."""
     redis_pid: int = 0
@@ -66,7 +68,13 @@ class Stack:
         if scenario.faulty_status_rate:
             await put_faults(self.sims[-1].url, {"status": 503,
                                                  "status_rate": scenario.faulty_status_rate})
-        overrides = dict(self.overrides)
+        self.trace_sink = await Child(
+            "trace-sink", [PYTHON, "-m", "bench.bare", "fixed", "--port", "0"],
+            self.load_core).start()
+        overrides = {table: dict(values) for table, values in self.overrides.items()}
+        telemetry = overrides.setdefault("telemetry", {})
+        telemetry.setdefault("traces_exporter", '"otlp"')  # sampled as config.toml says: 1 %
+        telemetry.setdefault("otlp_endpoint", f'"{self.trace_sink.url}/v1/traces"')
         if scenario.session_turns:
             overrides.update(configs.sessions_overrides(self._start_redis()))
         backends = [configs.Backend(sim.name, sim.url, scenario.max_concurrency)
@@ -107,6 +115,8 @@ class Stack:
             await self.gateway.stop()
         for sim in self.sims:
             await sim.stop()
+        if self.trace_sink is not None:
+            await self.trace_sink.stop()
         if self.redis is not None:
             self.redis.stop()
 
