@@ -164,8 +164,9 @@ class RequestLog:
     """The model that answered, when a fallback did."""
     backend: str | None = None
     attempts: int = 0
-    retry_reasons: tuple[str, ...] = ()
-    """Outcome of each attempt that was retried, in order (``read_timeout``, ``http_503``)."""
+    retry_reasons: tuple[str, ...] | None = None
+    """Outcome of each attempt that was retried, in order (``read_timeout``, ``http_503``);
+    None when nothing was retried."""
     retry_stop: str | None = None
     """Why retrying stopped: attempts, deadline, budget, no_backend."""
     error_code: str | None = None
@@ -182,11 +183,16 @@ class RequestLog:
     def set_timings(self, timings: RequestTimings) -> None:
         """Fill the durations (milliseconds) from the request's clock readings."""
         total = timings.total
-        self.total_ms = round(total * 1000, 3)
+        self.total_ms = _ms(total)
         ttft = timings.ttft
-        self.ttft_ms = None if ttft is None else round(ttft * 1000, 3)
-        self.upstream_ms = round(timings.upstream * 1000, 3)
-        self.overhead_ms = round(max(0.0, total - timings.upstream) * 1000, 3)
+        self.ttft_ms = None if ttft is None else _ms(ttft)
+        self.upstream_ms = _ms(timings.upstream)
+        self.overhead_ms = _ms(max(0.0, total - timings.upstream))
+
+
+def _ms(seconds: float) -> float:
+    """Milliseconds with three decimals (``round()`` costs three times as much)."""
+    return int(seconds * 1_000_000 + 0.5) / 1000
 
 
 _FIELDS = RequestLog.__slots__
@@ -210,7 +216,7 @@ def log_request(entry: RequestLog, *, redact_content: bool | None = None) -> Non
         return
     redact = _redact_content if redact_content is None else redact_content
     fields = {name: value for name, value in zip(_FIELDS, _values_of(entry), strict=True)
-              if value is not None and value != ()}
+              if value is not None}
     if redact:
         fields.pop("content", None)
     sink = _request_sink

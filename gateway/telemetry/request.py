@@ -140,7 +140,8 @@ class RequestTelemetry:
             log = self._log
             log.status, log.backend, log.attempts = status, self.backend, self.attempts
             log.served_model = self.served_model if self.served_model != self._model else None
-            log.retry_reasons, log.retry_stop = tuple(self._reasons), self.retry_stop
+            log.retry_reasons = tuple(self._reasons) if self._reasons else None
+            log.retry_stop = self.retry_stop
             log.error_code, log.trace_id = self.error_code, self._trace.trace_id
             log.input_tokens = usage.get("prompt_tokens")
             log.output_tokens = usage.get("completion_tokens")
