@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import pytest
 
+from gateway.app import RUNTIME
 from gateway.sim import SimSettings, answer_text
 from tests.gateway_harness import BackendSpec, config_text
 from tests.sse_client import stream
@@ -171,3 +174,14 @@ async def test_backend_error_status_is_passed_through(sim, gateway, http):
         assert response.status == 400
         body = await response.json()
     assert body["error"]["type"] == "sim_fault"
+
+
+async def test_a_whole_answer_counts_once_in_the_backends_routing_health(sim, gateways, http):
+    gateway = await gateways(config_text([BackendSpec("a", sim.url)]))
+    backend = gateway.app[RUNTIME].current.pools["sim-model"].backends[0]
+    backend.record_outcome(failed=True)  # recent failure ratio 0.2
+    async with http.post(f"{gateway.url}/v1/chat/completions", json=CHAT) as response:
+        assert response.status == 200
+    # One success moves the ratio to 0.2 * 0.8 = 0.16 (it also fades with a 5 s
+    # half-life, a little over the milliseconds this takes); two would give 0.128.
+    assert 0.15 < backend.failure_ratio(time.monotonic()) <= 0.16

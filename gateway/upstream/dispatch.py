@@ -54,13 +54,16 @@ class Dispatched:
     """The whole body of a non-streaming response; None for a stream."""
     permit: Permit
     attempts: int
+    settled: bool = False
+    """The outcome was reported already (a whole body read is a success)."""
 
     def finish(self, *, backend_failed: bool = False, ignore: bool = False) -> None:
-        """Report the call's outcome to the breaker and give the slot back."""
+        """Report the call's outcome to the breaker (once) and give the slot back."""
         if ignore:
             self.permit.ignore()
-        else:
+        elif not self.settled:
             settle(self.backend, self.permit, failed=backend_failed)
+        self.settled = True
         self.backend.release()
 
 
@@ -182,7 +185,8 @@ class Dispatcher:
             listener.attempt_ended(backend.name, None, response.status)
         if body is not None:
             settle(backend, permit, failed=False)
-        return Dispatched(backend, response, body, permit, attempts=len(request.tried))
+        return Dispatched(backend, response, body, permit, attempts=len(request.tried),
+                          settled=body is not None)
 
     def _retryable(self, error: BaseException) -> bool:
         if not isinstance(error, AttemptFailed) or error.final:
