@@ -15,7 +15,7 @@ from gateway.sessions.memory_store import MemoryStore
 from gateway.sessions.settings import SessionsConfig, ShardConfig
 from gateway.sessions.sharded_store import ShardedStore
 from gateway.sessions.state import SessionState
-from gateway.sessions.store import SessionStore
+from gateway.sessions.store import Held, SessionStore, Stored
 from tests.fixtures_sessions import (  # noqa: F401 - fixtures until conftest imports them
     cluster_config,
     redis_config,
@@ -69,6 +69,26 @@ async def test_compare_and_set_writes_only_on_the_expected_version(
     lost = await store.compare_and_set(key, 1, blob(2), 2)  # a writer that read version 1
     assert not lost.applied and lost.current == blob(2)
     assert await store.get(key) == blob(2)
+
+
+async def test_read_sends_nothing_back_only_while_the_held_value_is_current(
+        store: SessionStore) -> None:
+    key = KEYS.key("default", f"s3-{unique_prefix()}")
+    absent = await store.read(key)
+    assert absent is not None and absent.blob is None and absent.token is None
+    first = await store.compare_and_set(key, 0, blob(1), 1)
+    read = await store.read(key)
+    assert read is not None and read.blob == blob(1) and read.token == first.token
+    if not store.remote:
+        return  # the memory store has no tokens: every read returns the value
+    assert first.token is not None
+    assert await store.read(key, Held(1, first.token)) is None  # current: nothing sent
+    second = await store.compare_and_set(key, 1, blob(2), 2)
+    assert second.token not in (None, first.token)
+    assert await store.read(key, Held(1, first.token)) == Stored(blob(2), second.token)
+    assert await store.read(key, Held(2, first.token)) is not None  # same version, other write
+    lost = await store.compare_and_set(key, 1, blob(2), 2)
+    assert (lost.current, lost.token) == (blob(2), second.token)  # a conflict names the token
 
 
 async def test_delete_reports_whether_the_session_existed(store: SessionStore) -> None:

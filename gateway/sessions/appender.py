@@ -58,6 +58,8 @@ class AppendResult:
     duplicate: bool
     """The turn was already stored; nothing was written."""
     replicated: bool = True
+    token: bytes | None = None
+    """The token of the stored value (Redis stores), for the write-through cache."""
 
 
 def decode_for(key: SessionKey, blob: bytes | None) -> SessionState | None:
@@ -77,6 +79,8 @@ class Snapshot:
 
     state: SessionState | None
     blob: bytes | None
+    token: bytes | None = None
+    """The token of the write that stored ``blob`` (None: unknown)."""
 
 
 async def append_turn(store: SessionStore, key: SessionKey, turn: Turn, policy: AppendPolicy,
@@ -88,15 +92,16 @@ async def append_turn(store: SessionStore, key: SessionKey, turn: Turn, policy: 
     stale start costs what the read would have cost.
     """
     if start is None:
-        blob = await store.get(key)
-        start = Snapshot(decode_for(key, blob), blob)
+        stored = await store.read(key)
+        assert stored is not None  # nothing was held, so the value comes back
+        start = Snapshot(decode_for(key, stored.blob), stored.blob, stored.token)
     snapshot = start
     for attempt in range(policy.max_attempts):
         current = snapshot.state
         updated = apply_turn(current, turn, key.tenant, key.session_id, policy.limits)
         if updated is None:
             assert current is not None and snapshot.blob is not None  # a duplicate is stored
-            return AppendResult(current, snapshot.blob, duplicate=True)
+            return AppendResult(current, snapshot.blob, duplicate=True, token=snapshot.token)
         new_blob = encode(updated, policy.codec)
         expected = current.version if current is not None else 0
         outbox = policy.outbox.entry(key, updated, turn) if policy.outbox else None
@@ -106,9 +111,9 @@ async def append_turn(store: SessionStore, key: SessionKey, turn: Turn, policy: 
             if outcome.outbox_refused and policy.outbox is not None:
                 policy.outbox.refused(key)
             return AppendResult(updated, new_blob, duplicate=False,
-                                replicated=outcome.replicated)
+                                replicated=outcome.replicated, token=outcome.token)
         counters.conflicts += 1
-        snapshot = Snapshot(decode_for(key, outcome.current), outcome.current)
+        snapshot = Snapshot(decode_for(key, outcome.current), outcome.current, outcome.token)
         if attempt:
             # Lost again: real contention. Exponential backoff with full jitter
             # spreads the writers, so the next round has fewer losers.

@@ -1,15 +1,17 @@
-"""Building the configured store and its Redis clients.
+"""Building the configured store and its Redis connections.
 
-The clients get socket timeouts as small as the call budget and at most one
+Connections get a connect timeout as small as the call budget and at most one
 retry (which reconnects a pooled connection that a restarted server closed):
 the budget, not the client's retry policy, decides how long a caller waits.
+The cluster client also gets a socket timeout of one budget; the standalone
+link needs none (see :mod:`gateway.sessions.redis_link`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -17,6 +19,7 @@ from redis.driver_info import DriverInfo
 
 from gateway.sessions.lru import BlobCache
 from gateway.sessions.memory_store import MemoryStore
+from gateway.sessions.redis_link import ClusterLink, Link, ServerLink
 from gateway.sessions.redis_store import RedisStore
 from gateway.sessions.settings import SessionsConfig
 from gateway.sessions.sharded_store import ShardedStore
@@ -32,11 +35,11 @@ def build_store(config: SessionsConfig) -> SessionStore:
     if config.store == "memory":
         return MemoryStore(build_cache(config))
     if config.store == "redis":
-        return _redis_store(config, _standalone_client(config, config.url))
+        return _redis_store(config, _server_link(config, config.url))
     if config.store == "cluster":
-        return _redis_store(config, _cluster_client(config))
+        return _redis_store(config, ClusterLink(_cluster_client(config)))
     if config.store == "sharded":
-        servers = [_redis_store(config, _standalone_client(config, shard.url))
+        servers = [_redis_store(config, _server_link(config, shard.url))
                    for shard in config.shards]
         owner = {bucket: index for index, shard in enumerate(config.shards)
                  for bucket in shard.buckets}
@@ -52,16 +55,14 @@ def _connection_options(config: SessionsConfig) -> dict[str, Any]:
             "driver_info": DriverInfo(name=None, lib_version=None)}
 
 
-def _standalone_client(config: SessionsConfig, url: str) -> Redis:
-    """A client whose callers queue for a bounded, pre-warmed pool.
+def _server_link(config: SessionsConfig, url: str) -> ServerLink:
+    """A link whose callers queue for a bounded, pre-warmed pool.
 
     Opening a connection costs more than a command: with a fixed pool a
     burst waits a few hundred microseconds for a free connection instead.
     The wait is unbounded here because every call has its own budget.
     """
-    pool = BlockingConnectionPool.from_url(url, max_connections=config.connection_limit,
-                                           timeout=None, **_connection_options(config))
-    return Redis(connection_pool=pool)
+    return ServerLink(url, config.connection_limit, _connection_options(config))
 
 
 def _cluster_client(config: SessionsConfig) -> RedisCluster:
@@ -73,7 +74,7 @@ def _cluster_client(config: SessionsConfig) -> RedisCluster:
                         **_connection_options(config))
 
 
-def _redis_store(config: SessionsConfig, client: Redis | RedisCluster) -> RedisStore:
-    return RedisStore(client, ttl_ms=int(config.ttl_seconds * 1000),
+def _redis_store(config: SessionsConfig, link: Link) -> RedisStore:
+    return RedisStore(link, ttl_ms=int(config.ttl_seconds * 1000),
                       op_timeout_ms=config.op_timeout_ms, wait_replicas=config.wait_replicas,
                       warm_connections=min(config.warm_connections, config.connection_limit))

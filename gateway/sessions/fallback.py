@@ -1,11 +1,22 @@
 """Redis with a safety net: the write-through LRU and the compensation log.
 
 Normal operation: reads and writes go to Redis, and every value read or
-written is also put in the local LRU. When a Redis call fails or exceeds its
-budget: a read is answered from the LRU (``degraded``), a write is applied to
-the LRU copy and kept in the compensation log for the replayer. While a
-session has writes in the log, its reads are Redis's copy with those writes
-applied on top, and its new writes queue behind them.
+written is also put in the local LRU, decoded and with the token of the Redis
+write that stored it. A read then asks Redis whether that value is still
+current (one small script call,
+:data:`~gateway.sessions.append_script.READ_SCRIPT`): if it is, the decoded
+copy is used as it is; if anything changed it (another gateway, a delete, an
+expiry), Redis sends the current value in the same round trip. So the history
+a backend receives is always Redis's current one, and a session that stays
+with one gateway costs neither a transfer nor a decode per turn. Only a copy
+known to be what Redis holds carries a token: one changed by a fallback write
+never passes for current.
+
+When a Redis call fails or exceeds its budget: a read is answered from the
+LRU (``degraded``), a write is applied to the LRU copy and kept in the
+compensation log for the replayer. While a session has writes in the log, its
+reads are Redis's copy with those writes applied on top, and its new writes
+queue behind them.
 
 With the ``memory`` store there is nothing to fall back from: the store is
 the LRU, and this layer only runs the append loop.
@@ -30,10 +41,10 @@ from gateway.sessions.appender import (
 from gateway.sessions.codec import CorruptSession, encode
 from gateway.sessions.compensation import CompensationLog, PendingWrite, ReplayFailed
 from gateway.sessions.keys import SessionKey
-from gateway.sessions.lru import BlobCache
+from gateway.sessions.lru import BlobCache, CachedBlob
 from gateway.sessions.state import SessionState, Turn, apply_turn, apply_turns
 from gateway.sessions.stats import Counters
-from gateway.sessions.store import SessionStore, StoreUnavailable
+from gateway.sessions.store import Held, SessionStore, Stored, StoreUnavailable
 
 log = logging.getLogger("gateway.sessions")
 _UNAVAILABLE = (StoreUnavailable, AppendConflict, TimeoutError)
@@ -67,9 +78,16 @@ class ResilientStore:
         self._wake = wake
 
     async def load(self, key: SessionKey) -> Loaded:
+        entry = self._cache.get(key.redis_key) if self._cache is not None else None
+        held = _held(entry)
         try:
-            blob = await self._primary.get(key)
-            state = decode_for(key, blob)
+            stored = await self._primary.read(key, held)
+            hit = stored is None
+            if stored is None:  # the decoded copy is still what Redis holds
+                assert entry is not None
+                stored, state = Stored(entry.blob, entry.token), entry.state
+            else:
+                state = decode_for(key, stored.blob)
         except StoreUnavailable:
             return self._load_local(key)
         except _UNREADABLE as exc:
@@ -80,12 +98,13 @@ class ResilientStore:
             merged = apply_turns(state, pending, key.tenant, key.session_id,
                                  self._policy.limits)
             return Loaded(merged, degraded=True)
-        if self._cache is not None:
-            if blob is None or state is None:
+        if self._cache is not None and not hit:
+            if stored.blob is None or state is None:
                 self._cache.pop(key.redis_key)
             else:
-                self._cache.put(key.redis_key, blob, state.version)
-        return Loaded(state, degraded=False, snapshot=Snapshot(state, blob))
+                self._cache.put(key.redis_key, stored.blob, state.version, stored.token, state)
+        return Loaded(state, degraded=False,
+                      snapshot=Snapshot(state, stored.blob, stored.token))
 
     async def append(self, key: SessionKey, turn: Turn, start: Snapshot | None = None) -> bool:
         """Store ``turn`` (on top of ``start`` if given); True when it went to the fallback."""
@@ -99,7 +118,8 @@ class ResilientStore:
             except (*_UNAVAILABLE, *_UNREADABLE) as exc:
                 log.warning("session %s: append falls back: %r", key.redis_key, exc)
             else:
-                self._cache.put(key.redis_key, result.blob, result.state.version)
+                self._cache.put(key.redis_key, result.blob, result.state.version,
+                                result.token, result.state)
                 if not result.replicated:
                     self._counters.unreplicated += 1
                     self._log.add(key, turn)  # replayed (idempotently) to confirm it
@@ -150,12 +170,7 @@ class ResilientStore:
         self._counters.fallback_reads += 1
         if self._cache is None:
             return Loaded(None, degraded=True, answered=False)
-        entry = self._cache.get(key.redis_key)
-        try:
-            state = decode_for(key, entry.blob) if entry is not None else None
-        except _UNREADABLE:
-            state = None
-        return Loaded(state, degraded=True, answered=False)
+        return Loaded(self._local_state(key), degraded=True, answered=False)
 
     def _append_local(self, key: SessionKey, turn: Turn) -> None:
         """Apply ``turn`` to the LRU copy and keep it in the compensation log."""
@@ -164,11 +179,28 @@ class ResilientStore:
         if not self._log.add(key, turn):
             return
         self._wake()
-        entry = self._cache.get(key.redis_key)
-        try:
-            current = decode_for(key, entry.blob) if entry is not None else None
-        except _UNREADABLE:
-            current = None
+        current = self._local_state(key)
         updated = apply_turn(current, turn, key.tenant, key.session_id, self._policy.limits)
-        if updated is not None:
+        if updated is not None:  # no token: this copy is not what Redis holds
             self._cache.put(key.redis_key, encode(updated, self._policy.codec), updated.version)
+
+    def _local_state(self, key: SessionKey) -> SessionState | None:
+        """The LRU's copy, decoded (None when there is none or it is unreadable)."""
+        assert self._cache is not None
+        entry = self._cache.get(key.redis_key)
+        if entry is None:
+            return None
+        if entry.state is not None:
+            return entry.state
+        try:
+            return decode_for(key, entry.blob)
+        except _UNREADABLE:
+            return None
+
+
+def _held(entry: CachedBlob | None) -> Held | None:
+    """What a read may skip: a decoded copy of a value as Redis stored it (with the
+    token of that write). A copy without a token (a fallback write) never qualifies."""
+    if entry is None or entry.token is None or entry.state is None:
+        return None
+    return Held(entry.version, entry.token)

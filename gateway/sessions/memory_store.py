@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.lru import BlobCache
-from gateway.sessions.store import CasOutcome
+from gateway.sessions.store import CasOutcome, Held, Stored
 
 if TYPE_CHECKING:
     from gateway.archive.record import OutboxEntry
@@ -31,6 +31,10 @@ class MemoryStore:
     async def get(self, key: SessionKey) -> bytes | None:
         entry = self._cache.get(key.redis_key)
         return entry.blob if entry is not None else None
+
+    async def read(self, key: SessionKey, held: Held | None = None) -> Stored:
+        """Always the value: this store is the process's own memory, nothing to save."""
+        return Stored(await self.get(key))
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
                               blob: bytes, new_version: int,

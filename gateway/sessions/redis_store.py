@@ -1,11 +1,16 @@
 """The ``redis`` and ``cluster`` stores: sessions in Redis, every call on a budget.
 
-One class serves both: ``redis.asyncio.Redis`` and ``RedisCluster`` take the
-same commands, and the compare-and-set script touches one key (one slot).
-Every call runs under ``asyncio.timeout(op_timeout)`` on top of the clients'
-small socket timeouts (see :mod:`gateway.sessions.factory`), because the
-cluster client retries by count, not by time (NOTES.md): whatever Redis does,
-a caller waits ``op_timeout`` at most and then gets :class:`StoreUnavailable`.
+One class serves both through a :class:`~gateway.sessions.redis_link.Link`
+(a lean pool for one server, ``RedisCluster`` for a cluster): the scripts
+touch one key (one slot), so they run the same everywhere. Every call runs
+under ``asyncio.timeout(op_timeout)``, because the cluster client retries by
+count, not by time (NOTES.md), and the standalone link has no socket timeout
+of its own: whatever Redis does, a caller waits ``op_timeout`` at most and
+then gets :class:`StoreUnavailable`.
+
+Scripts are called by SHA (``EVALSHA``). A server that does not know one (it
+restarted, or a replica just took over) answers ``NOSCRIPT``; the call is then
+made once with the source (``EVAL``), which loads it for the next calls.
 
 Replication is asynchronous, so a write the master acknowledged can vanish in
 a failover. With ``wait_replicas > 0`` every applied write is followed by
@@ -17,31 +22,63 @@ idempotent replay confirms it.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import contextlib
+import hashlib
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from gateway.sessions.append_script import (
     APPEND_SCRIPT,
     CONTEXT_FIELD,
+    READ_SCRIPT,
+    UNCHANGED,
     WRITTEN,
     WRITTEN_OUTBOX_FULL,
 )
 from gateway.sessions.keys import SessionKey
-from gateway.sessions.store import CasOutcome, StoreUnavailable, reraise_if_cancelled
+from gateway.sessions.redis_link import Link
+from gateway.sessions.store import (
+    CasOutcome,
+    Held,
+    Stored,
+    StoreUnavailable,
+    reraise_if_cancelled,
+)
 
 if TYPE_CHECKING:
     from gateway.archive.record import OutboxEntry
 
 log = logging.getLogger("gateway.sessions")
-RedisClient = Redis | RedisCluster
 _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+_T = TypeVar("_T")
 
+
+class _Script:
+    """A script's source and SHA, and the ``EVALSHA`` / ``EVAL`` fallback."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def run(self, link: Link, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await link.call("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await link.call("EVAL", self.source, len(keys), *keys, *args)
+
+
+_APPEND = _Script(APPEND_SCRIPT)
+_READ = _Script(READ_SCRIPT)
+
+
+def new_token() -> bytes:
+    """A write's token: 64 random bits, hex (readable in ``redis-cli``)."""
+    return binascii.hexlify(os.urandom(8))
 
 
 class RedisStore:
@@ -49,88 +86,89 @@ class RedisStore:
 
     remote = True
 
-    def __init__(self, client: RedisClient, *, ttl_ms: int, op_timeout_ms: int,
+    def __init__(self, link: Link, *, ttl_ms: int, op_timeout_ms: int,
                  wait_replicas: int = 0, warm_connections: int = 0) -> None:
-        self._client = client
+        self._link = link
         self._warm = warm_connections
-        self._script = client.register_script(APPEND_SCRIPT)
         self._ttl_ms = ttl_ms
         self._timeout = op_timeout_ms / 1000
         self._wait_replicas = wait_replicas
         # WAIT blocks on the server: leave room for the round trip inside the budget.
         self._wait_ms = max(1, op_timeout_ms * 4 // 5)
 
-    @asynccontextmanager
-    async def _bounded(self, what: str, budget: float | None = None) -> AsyncIterator[None]:
-        """Run one Redis call within the budget; any failure is :class:`StoreUnavailable`."""
-        try:
-            async with asyncio.timeout(budget or self._timeout):
-                yield
-        except _FAILURES as exc:
-            reraise_if_cancelled()
-            raise StoreUnavailable(f"redis {what} failed: {exc!r}") from exc
-
     async def ping(self, budget: float | None = None) -> None:
         """Reach the server (a cluster: learn its slots), then warm the pool up."""
-        client = self._client
-        async with self._bounded("ping", budget):
-            if isinstance(client, RedisCluster):
-                await client.initialize()
-            await client.ping()
+        try:
+            async with asyncio.timeout(budget or self._timeout):
+                await self._link.connect()
+        except _FAILURES as exc:
+            raise _unavailable("ping", exc) from exc
         await self._warm_up(budget or self._timeout)
 
     async def _warm_up(self, budget: float) -> None:
         """Open ``warm_connections`` (per master) now rather than inside a request's
         budget. Best effort: a connection that cannot be opened now is opened later."""
-        client = self._client
-        if isinstance(client, RedisCluster):
-            pings = [client.ping(target_nodes=RedisCluster.PRIMARIES)
-                     for _ in range(self._warm)]
-        else:
-            pings = [client.ping() for _ in range(self._warm)]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(budget):
-                failures = [r for r in await asyncio.gather(*pings, return_exceptions=True)
-                            if isinstance(r, BaseException)]
+                failures = await self._link.warm(self._warm)
                 if failures:
                     log.info("session store: %d of %d warm-up connections failed: %r",
-                             len(failures), len(pings), failures[0])
+                             len(failures), self._warm, failures[0])
 
     async def get(self, key: SessionKey) -> bytes | None:
-        async with self._bounded("get"):
-            return await self._client.hget(key.redis_key, CONTEXT_FIELD)
+        """The stored value (``HGET``; for tests and tools: the service uses :meth:`read`)."""
+        return await self._bounded("get", self._link.call("HGET", key.redis_key,
+                                                          CONTEXT_FIELD))
+
+    async def read(self, key: SessionKey, held: Held | None = None) -> Stored | None:
+        """One script call: nothing comes back when ``held`` is still current."""
+        args = [held.version, held.token] if held is not None else [0, b""]
+        reply = await self._bounded("read", _READ.run(self._link, [key.redis_key], args))
+        if reply == UNCHANGED:
+            return None
+        return Stored(reply[0], reply[1])
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
                               blob: bytes, new_version: int,
                               outbox: OutboxEntry | None = None) -> CasOutcome:
         keys = [key.redis_key]
-        args: list[int | bytes | str] = [expected_version, new_version, blob, self._ttl_ms]
+        token = new_token()
+        args: list[Any] = [expected_version, new_version, blob, self._ttl_ms, token]
         if outbox is not None:  # same hash tag, same slot: one atomic script
             keys.append(outbox.stream)
             args += [outbox.max_len, outbox.record]
-        async with self._bounded("compare-and-set"):
-            reply = await self._script(keys=keys, args=args)
+        reply = await self._bounded("compare-and-set", _APPEND.run(self._link, keys, args))
         if reply in (WRITTEN, WRITTEN_OUTBOX_FULL):
             return CasOutcome(applied=True, replicated=await self._replicated(key),
-                              outbox_refused=reply == WRITTEN_OUTBOX_FULL)
-        return CasOutcome(applied=False, current=reply[1] if len(reply) > 1 else None)
+                              outbox_refused=reply == WRITTEN_OUTBOX_FULL, token=token)
+        return CasOutcome(applied=False, current=_item(reply, 1), token=_item(reply, 2))
 
     async def delete(self, key: SessionKey) -> bool:
-        async with self._bounded("delete"):
-            return bool(await self._client.delete(key.redis_key))
+        return bool(await self._bounded("delete", self._link.call("DEL", key.redis_key)))
 
     async def ttl_ms(self, key: SessionKey) -> int:
         """Milliseconds until the session expires (-2: absent); for tests and tools."""
-        async with self._bounded("pttl"):
-            return int(await self._client.pttl(key.redis_key))
+        return int(await self._bounded("pttl", self._link.call("PTTL", key.redis_key)))
 
     async def close(self) -> None:
         """Close the connections; a server that is gone cannot make this fail."""
         try:
             async with asyncio.timeout(1.0):
-                await self._client.aclose()
+                await self._link.aclose()
         except _FAILURES as exc:
             log.warning("closing the session store's connections: %r", exc)
+
+    async def _bounded(self, what: str, call: Awaitable[_T]) -> _T:
+        """Await one Redis call within the budget; any failure is :class:`StoreUnavailable`.
+
+        A plain coroutine rather than a context manager: this runs twice per
+        request, and ``asynccontextmanager`` costs a generator and two frames more.
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await call
+        except _FAILURES as exc:
+            raise _unavailable(what, exc) from exc
 
     async def _replicated(self, key: SessionKey) -> bool:
         """Whether ``wait_replicas`` replicas have the write just made (WAIT).
@@ -142,29 +180,21 @@ class RedisStore:
         """
         if self._wait_replicas == 0:
             return True
-        try:
-            async with self._bounded("wait"):
-                acked = await self._touch_and_wait(key)
-        except StoreUnavailable:
-            return False
-        return acked >= self._wait_replicas
-
-    async def _touch_and_wait(self, key: SessionKey) -> int:
         commands = (("PEXPIRE", key.redis_key, self._ttl_ms),
                     ("WAIT", self._wait_replicas, self._wait_ms))
-        if isinstance(self._client, Redis):
-            pipe = self._client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            return int((await pipe.execute())[1])
-        node = self._client.get_node_from_key(key.redis_key)
-        connection = node.acquire_connection()
         try:
-            await connection.send_packed_command(connection.pack_commands(commands))
-            await connection.read_response()
-            return int(await connection.read_response())
-        except BaseException:
-            await connection.disconnect()  # a reply may still be on its way: drop it
-            raise
-        finally:
-            node.release(connection)
+            replies = await self._bounded("wait",
+                                          self._link.call_together(key.redis_key, commands))
+        except StoreUnavailable:
+            return False
+        return int(replies[1]) >= self._wait_replicas
+
+
+def _item(reply: list[Any], index: int) -> Any:
+    """An element of a script's array reply (None past its end)."""
+    return reply[index] if len(reply) > index else None
+
+
+def _unavailable(what: str, exc: BaseException) -> StoreUnavailable:
+    reraise_if_cancelled()
+    return StoreUnavailable(f"redis {what} failed: {exc!r}")

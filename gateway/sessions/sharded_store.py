@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.redis_store import RedisStore
-from gateway.sessions.store import CasOutcome
+from gateway.sessions.store import CasOutcome, Held, Stored
 
 if TYPE_CHECKING:
     from gateway.archive.record import OutboxEntry
@@ -39,6 +39,9 @@ class ShardedStore:
 
     async def get(self, key: SessionKey) -> bytes | None:
         return await self._server(key).get(key)
+
+    async def read(self, key: SessionKey, held: Held | None = None) -> Stored | None:
+        return await self._server(key).read(key, held)
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
                               blob: bytes, new_version: int,

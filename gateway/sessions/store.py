@@ -2,8 +2,13 @@
 
 A store knows nothing about turns: it keeps encoded sessions under keys and
 offers one atomic write, a compare-and-set on the version. The append loop
-(:mod:`gateway.sessions.appender`) builds everything else on these three calls,
+(:mod:`gateway.sessions.appender`) builds everything else on these calls,
 so the ``memory``, ``redis``, ``cluster`` and ``sharded`` stores behave alike.
+
+Redis stores also hand out a token per write (see
+:mod:`gateway.sessions.append_script`): a reader that holds a value with its
+version and token can ask whether it is still current without receiving it
+again (:meth:`SessionStore.read`).
 """
 
 from __future__ import annotations
@@ -36,12 +41,32 @@ def reraise_if_cancelled() -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored value as read, with the token of the write that stored it."""
+
+    blob: bytes | None
+    """None: no such session."""
+    token: bytes | None = None
+    """None: no token (the memory store, or a value an older gateway wrote)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A value the caller already has: what :meth:`SessionStore.read` compares with."""
+
+    version: int
+    token: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class CasOutcome:
     """What a compare-and-set did."""
 
     applied: bool
     current: bytes | None = None
     """On a conflict: the value stored now (None if there is none), to retry on."""
+    token: bytes | None = None
+    """Applied: the token of the new value. On a conflict: the token of ``current``."""
     replicated: bool = True
     """False when the write applied but fewer replicas than asked acknowledged it."""
     outbox_refused: bool = False
@@ -61,6 +86,11 @@ class SessionStore(Protocol):
         ...
 
     async def get(self, key: SessionKey) -> bytes | None:
+        ...
+
+    async def read(self, key: SessionKey, held: Held | None = None) -> Stored | None:
+        """The stored value with its token; None when it is still ``held`` (same
+        version and token), so that the caller's copy is current."""
         ...
 
     async def compare_and_set(self, key: SessionKey, expected_version: int,
