@@ -257,3 +257,30 @@ def test_otlp_exports_over_http_protobuf(monkeypatch):
     assert service["service.name"] == "gw-test"
     names = sorted(s.name for scope in resource_spans.scope_spans for s in scope.spans)
     assert names == ["POST /v1/chat/completions", "chat m"]
+
+
+def test_roots_are_sampled_as_the_sdk_samples_them(exporter):
+    """Roots are decided by the gateway (trace id under the ratio's bound) without
+    the SDK; the ones it keeps are the SDK's spans with the very same trace id."""
+    ratio = 0.25
+    tracing = setup_tracing(TelemetryConfig(sample_ratio=ratio),
+                            span_processor=SimpleSpanProcessor(exporter))
+    bound = round(ratio * (1 << 64))
+    kept, dropped = set(), set()
+    for _ in range(2000):
+        request = start(tracing)
+        headers: dict[str, str] = {}
+        request.attempt("b", 1).inject(headers)
+        trace_id, _, flags = TRACEPARENT.match(headers["traceparent"]).groups()
+        assert trace_id == request.trace_id
+        (kept if request.sampled else dropped).add(trace_id)
+        assert sampled_flag(headers["traceparent"]) == request.sampled
+        assert int(flags, 16) & 2  # a random trace id, as the SDK flags its own
+        request.finish(200)
+    tracing.shutdown()
+    assert 350 < len(kept) < 650  # 500 expected
+    servers = {f"{s.context.trace_id:032x}" for s in exporter.get_finished_spans()
+               if s.kind is SpanKind.SERVER}
+    assert servers == kept
+    assert all(int(t, 16) & ((1 << 64) - 1) < bound for t in kept)
+    assert all(int(t, 16) & ((1 << 64) - 1) >= bound for t in dropped)

@@ -58,12 +58,18 @@ def inject_span_context(context: SpanContext, headers: MutableMapping[str, str])
     """
     # The length test skips almost every header before the lower() (10 and 11
     # are the lengths of "tracestate" and "traceparent").
+    inject_traceparent(headers, context.trace_id, context.span_id, int(context.trace_flags),
+                       context.trace_state.to_header() if context.trace_state else None)
+
+
+def inject_traceparent(headers: MutableMapping[str, str], trace_id: int, span_id: int,
+                       flags: int, trace_state: str | None = None) -> None:
+    """:func:`inject_span_context` from the ids themselves (no ``SpanContext`` needed)."""
     for name in [n for n in headers if len(n) in (10, 11) and n.lower() in _TRACE_HEADERS]:
         del headers[name]
-    headers[TRACEPARENT] = (f"00-{context.trace_id:032x}-{context.span_id:016x}-"
-                            f"{int(context.trace_flags):02x}")
-    if context.trace_state:
-        headers[TRACESTATE] = context.trace_state.to_header()
+    headers[TRACEPARENT] = f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+    if trace_state:
+        headers[TRACESTATE] = trace_state
 
 
 class OperationSpan:
@@ -155,14 +161,23 @@ class UnsampledRequest(RequestTrace, AttemptTrace):
     sees the gateway's (non-recording) span id and the "not sampled" flag.
     """
 
-    __slots__ = ("_context",)
+    __slots__ = ("_flags", "_span_id", "_state", "_trace_id")
 
-    def __init__(self, context: SpanContext) -> None:
-        self._context = context
+    def __init__(self, trace_id: int, span_id: int, flags: int = 0,
+                 trace_state: str | None = None) -> None:
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._flags = flags
+        self._state = trace_state
+
+    @classmethod
+    def of(cls, context: SpanContext) -> UnsampledRequest:
+        return cls(context.trace_id, context.span_id, int(context.trace_flags),
+                   context.trace_state.to_header() if context.trace_state else None)
 
     @property
     def trace_id(self) -> str | None:
-        return f"{self._context.trace_id:032x}"
+        return f"{self._trace_id:032x}"
 
     def attempt(self, backend: str, number: int, *, model: str | None = None,
                 wait_seconds: float = 0.0, retry_reason: str | None = None,
@@ -170,7 +185,7 @@ class UnsampledRequest(RequestTrace, AttemptTrace):
         return self
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
-        inject_span_context(self._context, headers)
+        inject_traceparent(headers, self._trace_id, self._span_id, self._flags, self._state)
 
 
 class RecordingOperation(OperationSpan):
