@@ -31,6 +31,7 @@ from gateway.upstream.http1 import (
     Http1Connection,
     UpstreamResponse,
 )
+from gateway.upstream.watchdog import Watchdog
 
 
 class ConnectionPool:
@@ -51,10 +52,12 @@ class ConnectionPool:
         self._max_idle = max_idle
         self._idle: deque[Http1Connection] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: Watchdog | None = None
         self._closed = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._watchdog = Watchdog(loop)
         self._closed = False
 
     @property
@@ -92,6 +95,8 @@ class ConnectionPool:
         self._closed = True
         while self._idle:
             self._idle.pop().close()
+        if self._watchdog is not None:
+            self._watchdog.close()
 
     def _encode(self, path: str, body: bytes, headers: Mapping[str, str]) -> list[bytes]:
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
@@ -124,7 +129,8 @@ class ConnectionPool:
             idle.popleft().close()
 
     async def _connect(self, deadline: float | None) -> Http1Connection:
-        loop = self.loop
+        loop, watchdog = self.loop, self._watchdog
+        assert watchdog is not None
         limit = self._connect_timeout
         by_deadline = deadline is not None and deadline - loop.time() < limit
         if by_deadline:
@@ -132,7 +138,7 @@ class ConnectionPool:
         try:
             async with asyncio.timeout(limit):
                 _, connection = await loop.create_connection(
-                    lambda: Http1Connection(loop, self._keep), self._host, self._port,
+                    lambda: Http1Connection(loop, self._keep, watchdog), self._host, self._port,
                     ssl=self._ssl)
         except TimeoutError:
             if by_deadline:

@@ -13,8 +13,9 @@ Timeouts follow the gateway's layered model (DESIGN.md): silence longer than
 ``read`` between received bytes fails with :class:`ReadTimedOut`; the
 request's deadline bounds the wait for the response head
 (:class:`DeadlinePassed`), and an optional body deadline bounds a whole body.
-One lazy timer per exchange checks both: a received chunk only records the
-time, it never reschedules a timer.
+The pool's :class:`~gateway.upstream.watchdog.Watchdog` checks both for every
+exchange in flight a few times a second: a received chunk only records the
+time, and no exchange owns a timer.
 
 Back-pressure: body bytes wait in a small buffer; above ``HIGH_WATER`` the
 connection stops reading from the socket until the consumer catches up, so a
@@ -28,6 +29,8 @@ from collections.abc import Callable
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.upstream.watchdog import Watchdog
 
 HIGH_WATER = 256 * 1024
 """Buffered body bytes above which reading from the backend pauses."""
@@ -84,8 +87,8 @@ class UpstreamResponse:
     """
 
     __slots__ = ("_buffered", "_chunks", "_complete", "_connection", "_deadline", "_error",
-                 "_last_data", "_lingering", "_loop", "_paused", "_read", "_released", "_timer",
-                 "_waiter",
+                 "_last_data", "_lingering", "_loop", "_paused", "_read", "_released",
+                 "_waiter", "_watchdog",
                  "headers", "status")
 
     def __init__(self, connection: Http1Connection, read: float, deadline: float | None) -> None:
@@ -94,7 +97,7 @@ class UpstreamResponse:
         self._read = read
         self._deadline = deadline
         self._last_data = self._loop.time()
-        self._timer: asyncio.TimerHandle | None = None
+        self._watchdog = connection.watchdog
         self._waiter: asyncio.Future[None] | None = None
         self._chunks = connection.body  # filled by the parser, emptied by the reader
         self._buffered = 0
@@ -135,7 +138,6 @@ class UpstreamResponse:
         """The whole body; ``within`` seconds at most when set (else only silence is bounded)."""
         if within:
             self._deadline = self._loop.time() + within
-            self._arm_timer()
         while not self._complete:
             await self._wait()
         body = b"".join(self._chunks)
@@ -176,9 +178,8 @@ class UpstreamResponse:
             self._lingering = True
             self._chunks.clear()
             self._deadline = self._loop.time() + LINGER_S
-            self._arm_timer()
             return
-        self._cancel_timer()
+        self._watchdog.forget(self)
         self._connection.exchange_done(self, reusable=self._complete and self._error is None)
 
     async def _wait(self) -> None:
@@ -223,7 +224,7 @@ class UpstreamResponse:
 
     def completed(self) -> None:
         self._complete = True
-        self._cancel_timer()
+        self._watchdog.forget(self)
         if self._lingering:
             self._connection.exchange_done(self, reusable=True)
         self._wake()
@@ -232,28 +233,16 @@ class UpstreamResponse:
         if self._complete or self._error is not None:
             return
         self._error = error
-        self._cancel_timer()
+        self._watchdog.forget(self)
         if self._lingering:
             self._connection.exchange_done(self, reusable=False)
         self._wake()
 
-    def _arm_timer(self) -> None:
-        self._cancel_timer()
-        when = self._next_check()
-        if when is not None:
-            self._timer = self._loop.call_at(when, self._check_time)
-
-    def _next_check(self) -> float | None:
-        when = self._last_data + self._read if self._read else None
-        if self._deadline is not None and (when is None or self._deadline < when):
-            when = self._deadline
-        return when
-
-    def _check_time(self) -> None:
-        self._timer = None
+    def check_time(self, now: float) -> None:
+        """The watchdog's periodic look: fail the exchange if a limit has passed."""
         if self._complete or self._error is not None:
+            self._watchdog.forget(self)
             return
-        now = self._loop.time()
         if self._deadline is not None and now >= self._deadline:
             self._connection.abort(self, DeadlinePassed("the response did not come in time"))
             return
@@ -262,12 +251,6 @@ class UpstreamResponse:
             return
         if self._paused:
             self._last_data = now  # a slow client is not a silent backend
-        self._arm_timer()
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -277,8 +260,9 @@ class Http1Connection(asyncio.Protocol):
     """One keep-alive connection to a backend, carrying one exchange at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
-                 on_idle: Callable[[Http1Connection], None]) -> None:
+                 on_idle: Callable[[Http1Connection], None], watchdog: Watchdog) -> None:
         self.loop = loop
+        self.watchdog = watchdog
         self.is_open = False
         self.reused = False
         self.idle_since = 0.0
@@ -380,7 +364,7 @@ class Http1Connection(asyncio.Protocol):
         self._keep_alive = False
         self.body.clear()
         self._transport.writelines(request)
-        response._arm_timer()
+        self.watchdog.watch(response)
         return response
 
     def exchange_done(self, response: UpstreamResponse, *, reusable: bool) -> None:
