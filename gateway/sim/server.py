@@ -73,7 +73,9 @@ class SimServer:
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            # Engines' servers (uvicorn: 2048) queue bursts of connections; aiohttp's
+            # default backlog of 128 drops the SYNs of a 1,000-client burst.
+            await web.TCPSite(runner, self.host, self.port, backlog=2048).start()
         except BaseException:
             await runner.cleanup()
             raise
