@@ -24,6 +24,8 @@ class EventBuffer:
 
     def feed(self, chunk: bytes) -> bytes:
         """Add ``chunk``; return the complete events now available (maybe ``b""``)."""
+        if not self._pending and chunk.endswith(b"\n\n"):
+            return chunk  # the usual case: the backend sent whole events
         data = self._pending + chunk if self._pending else chunk
         end = max(_boundary_end(data, boundary) for boundary in _BOUNDARIES)
         if end <= 0:
@@ -45,6 +47,8 @@ def _boundary_end(data: bytes, boundary: bytes) -> int:
 
 def ends_with_done(events: bytes) -> bool:
     """Whether the last event in ``events`` is the ``[DONE]`` sentinel."""
+    if b"[DONE]" not in events:  # every event but the last: no copy made
+        return False
     return events.rstrip().endswith(_DONE_ENDINGS)
 
 
