@@ -16,6 +16,8 @@ Modules, in reading order:
 - ``fallback``, ``lru``, ``compensation``: the write-through LRU, the log of writes
   Redis missed, and their replay
 - ``inflight``, ``stats``: per-session coordination in one process; counters
+- ``deadlines``: one shared timer per budget (Redis calls, commits) instead of
+  an ``asyncio.timeout`` each
 """
 
 from gateway.sessions.binding import DEGRADED_HEADER, SESSION_HEADER, TENANT_KEY, SessionBinding

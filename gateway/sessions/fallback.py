@@ -24,7 +24,6 @@ the LRU, and this layer only runs the append loop.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from gateway.sessions.appender import (
 )
 from gateway.sessions.codec import CorruptSession, encode
 from gateway.sessions.compensation import CompensationLog, PendingWrite, ReplayFailed
+from gateway.sessions.deadlines import Deadlines
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.lru import BlobCache, CachedBlob
 from gateway.sessions.state import SessionState, Turn, apply_turn, apply_turns
@@ -73,7 +73,7 @@ class ResilientStore:
         self._cache = cache if primary.remote else None
         self._log = log_
         self._policy = policy
-        self._commit_timeout = commit_timeout_s
+        self._commit_budget = Deadlines(commit_timeout_s)
         self._counters = counters
         self._wake = wake
 
@@ -130,9 +130,10 @@ class ResilientStore:
 
     async def _append_primary(self, key: SessionKey, turn: Turn,
                               start: Snapshot | None = None) -> AppendResult:
-        async with asyncio.timeout(self._commit_timeout):
-            return await append_turn(self._primary, key, turn, self._policy, self._counters,
-                                     start)
+        """The whole append loop within the commit budget (one shared timer for every
+        append: :mod:`~gateway.sessions.deadlines`)."""
+        return await self._commit_budget.run(append_turn(
+            self._primary, key, turn, self._policy, self._counters, start))
 
     async def delete(self, key: SessionKey) -> bool:
         """Remove the session; whether it existed (True when Redis could not tell)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 """Tenant ids: no ``:`` (it separates key segments), no braces (hash tags)."""
@@ -42,6 +42,11 @@ class KeyScheme:
 
     prefix: str = "chat:session:"
     buckets: int = 32
+    _tags: dict[int, str] = field(default_factory=dict, init=False, repr=False,
+                                  compare=False)
+    """bucket → ``{shard_NN}``, filled as buckets are used (at most ``buckets``
+    entries): every turn needs its key and its outbox key, and formatting the tag
+    each time cost a few µs of a session turn."""
 
     def __post_init__(self) -> None:
         if self.buckets < 1:
@@ -56,7 +61,10 @@ class KeyScheme:
         return zlib.crc32(session_id.encode()) % self.buckets
 
     def shard_tag(self, bucket: int) -> str:
-        return f"{{shard_{bucket:0{self.digits}d}}}"
+        tag = self._tags.get(bucket)
+        if tag is None:
+            tag = self._tags[bucket] = f"{{shard_{bucket:0{self.digits}d}}}"
+        return tag
 
     def key(self, tenant: str, session_id: str) -> SessionKey:
         """The key of a session; the tenant must be a plain id (ValueError otherwise)."""

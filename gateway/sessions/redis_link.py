@@ -13,11 +13,13 @@ per-argument encoding in ``pack_command``.
 (``rediss://`` TLS, AUTH and SELECT from the URL), the hiredis reply parser and
 the error classes — and replaces the rest: its own bounded LIFO pool, commands
 packed by hiredis in C, and no socket timeout. Every call through a link runs
-under the caller's ``asyncio.timeout`` (:class:`~gateway.sessions.redis_store.RedisStore`
-does that): the budget, not the socket, bounds it. A connection whose call did
-not complete is dropped, so a late reply can never be read as the next
-caller's. Callers beyond ``max_connections`` wait for a connection inside their
-budget, as they did with the blocking pool.
+within the caller's budget, which cancels the calling task at its deadline
+(:class:`~gateway.sessions.redis_store.RedisStore` does that with one shared
+timer, :mod:`~gateway.sessions.deadlines`): the budget, not the socket,
+bounds it. A connection whose call did not complete is dropped, so a late
+reply can never be read as the next caller's. Callers beyond
+``max_connections`` wait for a connection inside their budget, as they did
+with the blocking pool.
 
 :class:`ClusterLink` keeps ``RedisCluster``, which follows slot moves and
 failovers; its per-node pool fails at once when exhausted (NOTES.md), hence the
@@ -42,7 +44,8 @@ Command = tuple[Any, ...]
 
 
 class Link(Protocol):
-    """Commands to Redis; the caller bounds every call with ``asyncio.timeout``."""
+    """Commands to Redis; the caller bounds every call (its task is cancelled at the
+    deadline: ``asyncio.timeout``, or the store's shared timer)."""
 
     async def call(self, *args: Any) -> Any:
         """One command's reply; an error reply raises its ``ResponseError``."""

@@ -3,10 +3,11 @@
 One class serves both through a :class:`~gateway.sessions.redis_link.Link`
 (a lean pool for one server, ``RedisCluster`` for a cluster): the scripts
 touch one key (one slot), so they run the same everywhere. Every call runs
-under ``asyncio.timeout(op_timeout)``, because the cluster client retries by
-count, not by time (NOTES.md), and the standalone link has no socket timeout
-of its own: whatever Redis does, a caller waits ``op_timeout`` at most and
-then gets :class:`StoreUnavailable`.
+under the ``op_timeout`` budget (one shared timer,
+:mod:`~gateway.sessions.deadlines`, cancels a call at its deadline), because
+the cluster client retries by count, not by time (NOTES.md), and the
+standalone link has no socket timeout of its own: whatever Redis does, a
+caller waits ``op_timeout`` at most and then gets :class:`StoreUnavailable`.
 
 Scripts are called by SHA (``EVALSHA``). A server that does not know one (it
 restarted, or a replica just took over) answers ``NOSCRIPT``; the call is then
@@ -40,6 +41,7 @@ from gateway.sessions.append_script import (
     WRITTEN,
     WRITTEN_OUTBOX_FULL,
 )
+from gateway.sessions.deadlines import Deadlines
 from gateway.sessions.keys import SessionKey
 from gateway.sessions.redis_link import Link
 from gateway.sessions.store import (
@@ -92,6 +94,7 @@ class RedisStore:
         self._warm = warm_connections
         self._ttl_ms = ttl_ms
         self._timeout = op_timeout_ms / 1000
+        self._deadlines = Deadlines(self._timeout)
         self._wait_replicas = wait_replicas
         # WAIT blocks on the server: leave room for the round trip inside the budget.
         self._wait_ms = max(1, op_timeout_ms * 4 // 5)
@@ -161,12 +164,13 @@ class RedisStore:
     async def _bounded(self, what: str, call: Awaitable[_T]) -> _T:
         """Await one Redis call within the budget; any failure is :class:`StoreUnavailable`.
 
-        A plain coroutine rather than a context manager: this runs twice per
-        request, and ``asynccontextmanager`` costs a generator and two frames more.
+        A plain coroutine rather than a context manager, and one shared timer
+        (:class:`~gateway.sessions.deadlines.Deadlines`) rather than an
+        ``asyncio.timeout`` per call: this runs twice per request, and each of
+        those costs a generator, frames, or a timer handle more.
         """
         try:
-            async with asyncio.timeout(self._timeout):
-                return await call
+            return await self._deadlines.run(call)
         except _FAILURES as exc:
             raise _unavailable(what, exc) from exc
 

@@ -21,7 +21,7 @@ from gateway.sessions.codec import CODECS_BY_NAME
 from gateway.sessions.compensation import CompensationLog, Replayer
 from gateway.sessions.factory import build_cache, build_store
 from gateway.sessions.fallback import Loaded, ResilientStore
-from gateway.sessions.inflight import InflightWrites, KeyedLocks
+from gateway.sessions.inflight import InflightWrites
 from gateway.sessions.keys import KeyScheme, SessionKey
 from gateway.sessions.settings import SessionsConfig
 from gateway.sessions.state import HistoryLimits, Message, Turn
@@ -67,7 +67,6 @@ class SessionService:
         self._counters = Counters()
         self._log = CompensationLog(config.compensation.max_entries, self._counters)
         self._inflight = InflightWrites()
-        self._writers = KeyedLocks()
         self._commits: set[asyncio.Task[bool]] = set()
         self._commit_timeout = config.commit_timeout_ms / 1000
         self._store = build_store(config)
@@ -159,7 +158,8 @@ class SessionService:
         """Store a turn. The write runs as a task of its own: a request cancelled now
         (its client went away after the whole answer) must not lose the turn."""
         done = self._inflight.begin(key.redis_key)  # before any await: later loads wait
-        task = asyncio.ensure_future(self._append(key, turn, start, done))
+        # create_task rather than ensure_future: the same task, without the checks.
+        task = asyncio.get_running_loop().create_task(self._append(key, turn, start, done))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
         return await asyncio.shield(task)
@@ -167,8 +167,8 @@ class SessionService:
     async def _append(self, key: SessionKey, turn: Turn, start: Snapshot | None,
                       done: asyncio.Event) -> bool:
         try:
-            async with self._writers.hold(key.redis_key):
-                return await self._sessions.append(key, turn, start)
+            await self._inflight.wait_turn(key.redis_key, done)  # commits take turns
+            return await self._sessions.append(key, turn, start)
         finally:
             self._inflight.end(key.redis_key, done)
 
