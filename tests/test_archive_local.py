@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from gateway.archive.record import ArchiveRecord, encode_record
+from gateway.archive.writer import pending_of
 from gateway.sessions.settings import SessionsConfig
 from gateway.telemetry.metrics import GatewayMetrics
 from tests.services import MariaDBServer
 from tests.test_archive_support import (
+    BACKEND,
+    MODEL,
     archive_config,
     archived_rows,
     commit_turn,
@@ -102,3 +106,36 @@ async def test_the_queue_is_written_out_on_close(tmp_path: Path,
     assert archive.stats.records_written == 60 and archive.backlog == 0
     rows = mariadb.query(f"SELECT COUNT(*), COUNT(DISTINCT request_id) FROM {config.table}")
     assert rows == "120\t60"
+
+
+async def test_a_trickle_of_turns_is_gathered_into_one_transaction(tmp_path: Path) -> None:
+    config = archive_config(sqlite_url(tmp_path), workers=1, batch_wait_ms=400)
+    async with running(MEMORY, config) as (service, archive):
+        await commit_turn(service, "trickle", 0)
+        # taken from the queue, not written: its reader waits for more (still backlog)
+        await wait_until(lambda: archive.backlog == 1 and not len(archive._queue),
+                         within=5, what="the first record taken")
+        assert archive.stats.records_written == 0
+        await commit_turns(service, ["trickle"], range(1, 4))
+        await wait_until(lambda: archive.stats.records_written == 4, within=10,
+                         what="4 turns archived")
+        assert archive.stats.batches_written == 1
+        assert await archived_rows(archive) == expected_rows(["trickle"], range(4))
+
+
+async def test_a_replayed_batch_is_counted_as_duplicates(db_url: str) -> None:
+    # rows go to the driver as tuples (executemany): its rowcount still tells them apart
+    raws = [encode_record(ArchiveRecord(
+        "default", "replay", f"req-{n}", n + 1, 1_000 + n,
+        ({"role": "user", "content": f"q{n}"},
+         {"role": "assistant", "content": [{"type": "text", "text": f"a{n}"}],
+          "name": "bot"}), MODEL, BACKEND, 1, n, 1 + n)) for n in range(3)]
+    async with running(MEMORY, archive_config(db_url), start=False) as (_service, archive):
+        await archive.writer.start()
+        await archive.writer.write([pending_of(raw) for raw in raws[:2]])
+        await archive.writer.write([pending_of(raw) for raw in raws])
+        stats = archive.stats
+        assert (stats.rows_inserted, stats.duplicate_rows, stats.batches_written) == (6, 4, 2)
+        rows = await archived_rows(archive)
+        assert rows[1] == ("default", "replay", "req-0", 1, 1, "assistant",
+                           '[{"type":"text","text":"a0"}]', MODEL, BACKEND, 0)

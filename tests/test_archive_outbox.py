@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.archive.outbox import OutboxReader
 from gateway.archive.outbox_redis import OutboxOps, build_partitions
+from gateway.archive.stats import ArchiveCounters
 from gateway.sessions.keys import KeyScheme
 from gateway.sessions.settings import SessionsConfig, ShardConfig
 from tests.fixtures_sessions import (  # noqa: F401 - fixtures
@@ -28,9 +30,11 @@ from tests.test_archive_support import (
     archived_rows,
     commit_turn,
     commit_turns,
+    database_url,
     dead_letters,
     expected_rows,
     outbox_lengths,
+    pending_count,
     request_id,
     running,
     sqlite_url,
@@ -168,3 +172,53 @@ async def test_the_outbox_commands_on_a_server_and_on_a_cluster(
         assert await second.forget_idle_consumers(idle_ms=0) == 0  # never itself
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("db", ["sqlite", "mariadb"])
+async def test_a_trickle_of_turns_is_gathered_into_one_transaction(
+        db: str, redis_url: str, redis_server: RedisServer, tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    # batch_wait_ms: a read of fewer than half a batch waits for more before writing
+    mariadb = request.getfixturevalue("mariadb") if db == "mariadb" else None
+    sessions = redis_config(redis_url, buckets=4)
+    config = archive_config(database_url(db, tmp_path, mariadb), workers=1,
+                            batch_wait_ms=400)
+    async with running(sessions, config) as (service, archive):
+        await commit_turn(service, "trickle", 0)
+        await wait_until(lambda: pending_count(redis_server.port, sessions, "archive") == 1,
+                         within=5, what="the first record read (and its reader waiting)")
+        await commit_turns(service, ["trickle"], range(1, 3))
+        await commit_turns(service, ["other"], range(3))
+        await wait_until(lambda: archive.stats.records_written == 6, within=10,
+                         what="6 turns archived")
+        assert archive.stats.batches_written == 1
+        assert await archived_rows(archive) == expected_rows(["other", "trickle"], range(3))
+        assert archive.stats.duplicate_rows == 0
+
+
+async def test_only_a_small_read_waits_for_more(redis_url: str,
+                                               redis_server: RedisServer) -> None:
+    sessions = redis_config(redis_url, buckets=2)
+    config = archive_config("sqlite+aiosqlite:///unused.db", batch_size=4, batch_wait_ms=10)
+    [partition] = build_partitions(sessions, socket_timeout_s=1.0)
+    ops = OutboxOps(partition.client, partition.streams, "g", "a", 1.0)
+    reader = OutboxReader(ops, None, config, ArchiveCounters(),  # type: ignore[arg-type]
+                          cluster=False)
+
+    def reads() -> int:
+        stats = redis_command(redis_server.port, "INFO", "commandstats")
+        return int(stats.get("cmdstat_xreadgroup", {}).get("calls", 0))
+
+    try:
+        await ops.ensure_groups()
+        for n in range(3):  # at least half a batch: written at once, one read
+            await partition.client.xadd(partition.streams[n % 2], {"r": b"x"})
+        before = reads()
+        assert len(await reader._read_batch()) == 3
+        assert reads() - before == 1
+        await partition.client.xadd(partition.streams[0], {"r": b"y"})
+        before = reads()
+        assert [e.raw for e in await reader._read_batch()] == [b"y"]
+        assert reads() - before == 2  # waited batch_wait_ms, then read again
+    finally:
+        await partition.client.aclose()

@@ -10,7 +10,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from gateway.archive.record import BadRecord, OutboxPolicy, decode_record, encode_record
-from gateway.archive.schema import build_tables
+from gateway.archive.schema import TURN_COLUMNS, DriverInsert, build_tables, upsert
 from gateway.archive.settings import ArchiveConfig, parse_archive
 from gateway.configreader import ConfigError, Table
 from gateway.sessions.keys import KeyScheme
@@ -27,6 +27,21 @@ def test_an_empty_table_gives_the_embedded_sqlite_default() -> None:
     assert (config.enabled, config.url, config.dialect) == (
         True, "sqlite+aiosqlite:///gateway-archive.db", "sqlite")
     assert config.dead_letter_table == "archive_turns_dead_letters"
+    assert (config.batch_size, config.batch_wait_ms) == (500, 100)
+    assert parse("batch_wait_ms = 0").batch_wait_ms == 0
+
+
+def test_the_turn_insert_takes_rows_in_column_order() -> None:
+    # the writer hands rows_of()'s tuples to the driver: their order must be the SQL's
+    config = ArchiveConfig()
+    _, turns, _ = build_tables(config)
+    statement = upsert(turns, config.dialect)
+    sql = DriverInsert(statement, sqlite.dialect(), TURN_COLUMNS).sql(
+        sqlite.dialect())
+    assert sql.startswith("INSERT INTO archive_turns (tenant, session_id, request_id, ")
+    assert [c.name for c in turns.columns] == list(TURN_COLUMNS)
+    with pytest.raises(ValueError, match="insert parameters"):
+        DriverInsert(statement, sqlite.dialect(), TURN_COLUMNS[::-1])
 
 
 def test_the_dialect_follows_the_url_and_tidb_is_chosen_explicitly() -> None:
@@ -55,6 +70,9 @@ def test_a_password_is_never_shown() -> None:
      'archive.dialect: expected a dialect matching the URL ("mysql" or "tidb")'),
     ('dialect = "oracle"', 'archive.dialect: expected one of "mysql", "tidb", "sqlite"'),
     ("batch_size = 0", "archive.batch_size: expected an integer >= 1 and <= 10000"),
+    ("batch_wait_ms = 1001", "archive.batch_wait_ms: expected an integer >= 0 and <= 1000"),
+    ("claim_idle_ms = 200\nclaim_interval_ms = 100\nbatch_wait_ms = 101",
+     "archive.batch_wait_ms: expected <= half of claim_idle_ms (200)"),
     ('table = "drop table;"', "archive.table: expected a table name"),
     ('password_env = "not a name"', "archive.password_env: expected the name of an env"),
     ('url = "mysql+asyncmy://u:p@x/y"\npassword_env = "P"',

@@ -42,9 +42,14 @@ class LocalQueue:
         self._arrived.set()
         return True
 
+    def put_back(self, raws: list[bytes]) -> None:
+        """Return taken records to the front, in order (even beyond the bound: they
+        were in the queue already)."""
+        self._records.extendleft(reversed(raws))
+
     async def take(self, max_records: int, wait_s: float) -> list[bytes]:
         """Up to ``max_records`` records, waiting ``wait_s`` at most for the first."""
-        if not self._records:
+        if not self._records and wait_s > 0:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
@@ -84,10 +89,28 @@ class LocalArchiver:
             log.error("archive: closing with %d records never written (local queue)",
                       self.backlog)
 
+    async def _take(self) -> list[bytes]:
+        """A batch; a small one waits ``batch_wait_ms`` for more (as the outbox readers
+        do: a transaction per record or two would cost the gateway CPU for nothing)."""
+        size = self._config.batch_size
+        raws = await self._queue.take(size, self._config.poll_interval_ms / 1000)
+        linger_s = self._config.batch_wait_ms / 1000
+        if not raws or not linger_s or len(raws) >= max(1, size // 2) or self._closing:
+            return raws
+        self._in_flight += len(raws)
+        try:
+            await asyncio.sleep(linger_s)
+        except asyncio.CancelledError:  # stopped: the records stay queued (and counted)
+            self._queue.put_back(raws)
+            raise
+        finally:
+            self._in_flight -= len(raws)
+        return raws + await self._queue.take(size - len(raws), 0)
+
     async def _run(self) -> None:
         wait_s = self._config.poll_interval_ms / 1000
         while not (self._closing and not len(self._queue)):
-            raws = await self._queue.take(self._config.batch_size, wait_s)
+            raws = await self._take()
             if not raws:
                 continue
             self._in_flight += len(raws)

@@ -58,6 +58,8 @@ class OutboxReader:
         self._counters = counters
         self._cluster = cluster
         self._per_stream = max(8, -(-config.batch_size // max(1, len(ops.streams))))
+        self._fill_below = max(1, config.batch_size // 2)
+        """A read bringing fewer records than this waits ``batch_wait_ms`` for more."""
         self._closing = False
         self._failures = 0
         self.in_flight = 0
@@ -81,8 +83,7 @@ class OutboxReader:
                     next_claim = time.monotonic() + (
                         0 if entries else self._config.claim_interval_ms / 1000)
                 if not entries:
-                    entries = await self._ops.read_new(self._per_stream,
-                                                       self._config.poll_interval_ms)
+                    entries = await self._read_batch()
                 if time.monotonic() >= next_forget:
                     next_forget = time.monotonic() + _FORGET_EVERY_S
                     await self._ops.forget_idle_consumers(FORGET_CONSUMERS_AFTER_MS)
@@ -95,6 +96,21 @@ class OutboxReader:
                 await self._deliver_or_leave(entries)
             elif self._cluster:  # cluster reads do not block: wait here instead
                 await asyncio.sleep(self._config.poll_interval_ms / 1000)
+
+    async def _read_batch(self) -> list[StreamEntry]:
+        """New records; a small read waits ``batch_wait_ms`` and reads again (without
+        blocking), so that a steady trickle is written in batches, not one by one:
+        each transaction and acknowledgement costs the gateway CPU whatever its size.
+        A full read (a backlog) is written at once."""
+        entries = await self._ops.read_new(self._per_stream, self._config.poll_interval_ms)
+        wait_s = self._config.batch_wait_ms / 1000
+        if not entries or not wait_s or len(entries) >= self._fill_below or self._closing:
+            return entries
+        await asyncio.sleep(wait_s)
+        try:  # with no BLOCK, XREADGROUP answers at once
+            return entries + await self._ops.read_new(self._per_stream, None)
+        except OutboxUnavailable:  # write what was read; the next read reports it
+            return entries
 
     async def _claim(self) -> list[StreamEntry]:
         entries = await self._ops.claim_stale(self._config.claim_idle_ms, self._per_stream)

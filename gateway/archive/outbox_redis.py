@@ -139,14 +139,15 @@ class OutboxOps:
             "XGROUP", "CREATE", stream, self._group, "0", "MKSTREAM"), self.streams,
             tolerate="BUSYGROUP")
 
-    async def read_new(self, count: int, block_ms: int) -> list[StreamEntry]:
-        """Records never delivered to a reader: one blocking multi-stream read on a
-        server; on a cluster (streams in many slots), a non-blocking read per stream."""
+    async def read_new(self, count: int, block_ms: int | None) -> list[StreamEntry]:
+        """Records never delivered to a reader: one multi-stream read on a server,
+        blocking ``block_ms`` (None: not at all; 0 would block for ever); on a cluster
+        (streams in many slots), a non-blocking read per stream."""
         if not self._cluster:
             streams = dict.fromkeys(self.streams, ">")
             reply = await self._bounded(self._client.xreadgroup(
-                self._group, self.consumer, streams, count=count, block=block_ms),
-                extra_s=block_ms / 1000)
+                self._group, self.consumer, streams, count=count, block=block_ms or None),
+                extra_s=(block_ms or 0) / 1000)
             return _read_entries(reply)
         replies = await self._pipelined(lambda pipe, stream: pipe.xreadgroup(
             self._group, self.consumer, {stream: ">"}, count=count), self.streams)

@@ -34,6 +34,9 @@ class ArchiveCounters:
     records_written: int = 0
     """Records (turns) whose rows are committed, or were found committed already."""
     rows_inserted: int = 0
+    batches_written: int = 0
+    """Transactions that committed rows: ``records_written / batches_written`` is the
+    batch size achieved (each transaction costs CPU whatever its size)."""
     duplicate_rows: int = 0
     """Rows a redelivery found already written (harmless, but counted)."""
     dead_letters: int = 0
@@ -79,6 +82,7 @@ class ArchiveStats:
 
     records_written: int
     rows_inserted: int
+    batches_written: int
     duplicate_rows: int
     dead_letters: int
     dead_letter_failures: int
@@ -99,6 +103,7 @@ class ArchiveStats:
         lags = sorted(counters.lags)
         return cls(
             records_written=counters.records_written, rows_inserted=counters.rows_inserted,
+            batches_written=counters.batches_written,
             duplicate_rows=counters.duplicate_rows, dead_letters=counters.dead_letters,
             dead_letter_failures=counters.dead_letter_failures,
             overflowed=counters.overflowed, claimed=counters.claimed,

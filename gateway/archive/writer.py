@@ -36,7 +36,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.archive.record import ArchiveRecord, BadRecord, decode_record
-from gateway.archive.schema import build_tables, count_rows, dead_row, rows_of, upsert
+from gateway.archive.schema import (
+    TURN_COLUMNS,
+    DriverInsert,
+    build_tables,
+    count_rows,
+    dead_row,
+    rows_of,
+    upsert,
+)
 from gateway.archive.settings import ArchiveConfig
 from gateway.archive.stats import ArchiveCounters, LagRecorder
 from gateway.archive.tasks import reraise_if_cancelled
@@ -144,7 +152,8 @@ class ArchiveWriter:
         self._lag = lag
         self._engine = build_engine(config, pool_size)
         self._metadata, self._turns, self._dead = build_tables(config)
-        self._insert_turns = upsert(self._turns, config.dialect)
+        self._insert_turns = DriverInsert(upsert(self._turns, config.dialect),
+                                          self._engine.dialect, TURN_COLUMNS)
         self._insert_dead = upsert(self._dead, config.dialect)
         self._timeout = config.write_timeout_ms / 1000
         self._failures = 0
@@ -237,13 +246,14 @@ class ArchiveWriter:
                 raise _NotWritable
             return
         records = [item.record for item in chunk if item.record is not None]
-        rows = [row for record in records
-                for row in rows_of(record, int(time.time() * 1000))]
+        now_ms = int(time.time() * 1000)
+        rows = [row for record in records for row in rows_of(record, now_ms)]
         async with asyncio.timeout(self._timeout), self._engine.begin() as conn:
-            result = await conn.execute(self._insert_turns, rows)
+            result = await conn.exec_driver_sql(self._insert_turns.sql(conn.dialect), rows)
         inserted = max(0, min(len(rows), result.rowcount))
         counters = self._counters
         counters.records_written += len(records)
+        counters.batches_written += 1
         counters.rows_inserted += inserted
         counters.duplicate_rows += count_rows(records) - inserted
         self._lag.committed(records)
