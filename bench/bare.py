@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.bare proxy --backend http://127.0.0.1:8001 --port 0
 
 ``fixed`` is an aiohttp server (uvloop, no access log) that answers every
-chat POST with a fixed completion: the CPU aiohttp's server costs per request.
+chat POST with a fixed completion (a fixed 32-event stream when the body asks
+for ``"stream":true``): the CPU aiohttp's server costs per request.
 It also accepts OTLP/HTTP trace exports (``/v1/traces``): the suite's
 gateways run with tracing on and send their sampled spans to one.
 ``proxy`` forwards each POST to one backend through the gateway's own
@@ -40,8 +41,18 @@ async def accepted(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200, content_type="application/x-protobuf")
 
 
+EVENTS = b"".join(
+    b'data: {"id":"chatcmpl-bare","object":"chat.completion.chunk","created":0,'
+    b'"model":"sim-model","choices":[{"index":0,"delta":{"content":"word "},'
+    b'"finish_reason":null}]}\n\n' for _ in range(32)) + b"data: [DONE]\n\n"
+"""A fixed 32-token stream, sent in one write (the load generator's streams ask for
+``"stream":true`` in compact JSON)."""
+
+
 async def fixed(request: web.Request) -> web.StreamResponse:
-    await request.read()
+    body = await request.read()
+    if b'"stream":true' in body:
+        return web.Response(body=EVENTS, content_type="text/event-stream")
     return web.Response(body=ANSWER, content_type="application/json")
 
 

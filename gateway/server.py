@@ -25,7 +25,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.http.admin import reload_from_file
 from gateway.runtime import RuntimeHolder
 from gateway.security import install_log_redaction
-from gateway.telemetry.logs import configure_logging
+from gateway.telemetry.logs import configure_logging, flush_request_lines
 from gateway.telemetry.multiprocess import ENV as MULTIPROC_ENV
 from gateway.telemetry.multiprocess import mark_worker_dead, prepare_multiprocess_dir
 
@@ -85,6 +85,7 @@ async def _serve_one(config: GatewayConfig, *, reuse_port: bool) -> None:
         await stop.wait()
     finally:
         await _drain(app[RUNTIME], runner, config)
+        flush_request_lines()
 
 
 def _tune_gc() -> None:

@@ -29,7 +29,8 @@ import orjson
 from gateway.telemetry.settings import TelemetryConfig
 from gateway.telemetry.timing import RequestTimings
 
-__all__ = ["REQUEST_LOGGER", "JsonFormatter", "RequestLog", "configure_logging", "log_request"]
+__all__ = ["REQUEST_LOGGER", "JsonFormatter", "RequestLog", "configure_logging",
+           "flush_request_lines", "log_request"]
 
 REQUEST_LOGGER = "gateway.requests"
 REDACTED = "[redacted]"
@@ -135,6 +136,7 @@ def configure_logging(config: TelemetryConfig, stream: TextIO | None = None) -> 
     """
     global _redact_content, _request_sink
     target = stream if stream is not None else sys.stderr
+    flush_request_lines()  # a sink being replaced writes what it holds first
     _request_sink = _LineSink(target)
     handler = logging.StreamHandler(target)
     handler.setFormatter(JsonFormatter())
@@ -221,7 +223,7 @@ def log_request(entry: RequestLog, *, redact_content: bool | None = None) -> Non
         fields.pop("content", None)
     sink = _request_sink
     if sink is not None:
-        # The hot path: no LogRecord, no Formatter, one write per loop cycle.
+        # The hot path: no LogRecord, no Formatter, one write per batch of lines.
         now = time.time()
         line = {"ts": sink.timestamp(now), "level": "info", "logger": REQUEST_LOGGER,
                 "message": "request", **fields}
@@ -232,36 +234,55 @@ def log_request(entry: RequestLog, *, redact_content: bool | None = None) -> Non
     _request_log.handle(record)
 
 
-class _LineSink:
-    """Request lines, written in one batch per event-loop cycle.
+FLUSH_AFTER_S = 0.05
+FLUSH_AT_LINES = 256
 
-    A ``write`` system call per request cost more than the rest of the line;
-    lines logged in the same cycle go out together, right after it. Without
-    a running loop a line is written at once.
+
+class _LineSink:
+    """Request lines, written in batches: at most every ``FLUSH_AFTER_S``, or at
+    ``FLUSH_AT_LINES`` lines, and on :func:`flush_request_lines`.
+
+    A ``write`` system call per request cost more than building the line, and
+    even one per event-loop cycle cost ~40 µs per request under load (the
+    reader of the pipe pays too). Access logs are buffered the same way by
+    nginx (``access_log ... buffer= flush=``): a line reaches the log at most
+    ``FLUSH_AFTER_S`` late, and the server flushes at shutdown. Without a
+    running loop a line is written at once.
     """
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._pending: list[str] = []
         self._clock = JsonFormatter()
+        self._timer: asyncio.TimerHandle | None = None
 
     def timestamp(self, now: float) -> str:
         return self._clock._timestamp(now)
 
     def write(self, line: str) -> None:
         self._pending.append(line)
-        if len(self._pending) > 1:
-            return  # a flush is already scheduled
-        try:
-            asyncio.get_running_loop().call_soon(self.flush)
-        except RuntimeError:
+        if len(self._pending) >= FLUSH_AT_LINES:
             self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self.flush)
+            except RuntimeError:
+                self.flush()
 
     def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         lines, self._pending = self._pending, []
         if lines:
             self._stream.write("\n".join(lines) + "\n")
             self._stream.flush()
+
+
+def flush_request_lines() -> None:
+    """Write the request lines still buffered (at shutdown, or before reading a log)."""
+    if _request_sink is not None:
+        _request_sink.flush()
 
 
 _request_sink: _LineSink | None = None
