@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -132,3 +134,28 @@ def test_durations_from_timings():
 
 def test_request_fields_never_shadow_record_attributes():
     assert not set(RequestLog.__slots__) & logs._STANDARD
+
+
+async def test_request_lines_are_written_in_batches(output):
+    for _ in range(3):
+        log_request(entry())
+    assert output.getvalue() == ""  # held for the batch, not a write each
+    logs.flush_request_lines()
+    assert len(lines(output)) == 3
+
+
+async def test_a_buffered_line_goes_out_within_the_flush_interval(output):
+    started = time.monotonic()
+    log_request(entry())
+    async with asyncio.timeout(2):
+        # The sink's timer has no event to await: poll, bounded by the timeout.
+        while not output.getvalue():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    assert time.monotonic() - started < logs.FLUSH_AFTER_S + 0.5
+    assert len(lines(output)) == 1
+
+
+async def test_a_full_batch_is_written_at_once(output):
+    for _ in range(logs.FLUSH_AT_LINES):
+        log_request(entry())
+    assert len(lines(output)) == logs.FLUSH_AT_LINES
