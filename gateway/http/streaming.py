@@ -77,7 +77,7 @@ async def answer_stream(request: web.Request, headers: dict[str, str], first: Di
         _settle(leg, outcome)
         if outcome.completed or outcome.client_gone or not _may_resume(outcome, stream, job):
             break
-        emitted = read_emitted(stream.emitted)
+        emitted = read_emitted([stream.emitted])
         if emitted.finished:  # the answer is whole; only [DONE] went missing
             outcome.completed = await stream.finish_done()
             break

@@ -15,6 +15,7 @@ path forwards bytes untouched.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ class Emitted:
     single_choice: bool
 
 
-def read_emitted(events: list[bytes]) -> Emitted:
+def read_emitted(events: Iterable[bytes | bytearray]) -> Emitted:
+    """What the client got, from the runs of events forwarded to it."""
     texts: list[str] = []
     chunks, identity, finished, single = 0, None, False, True
     for payload in _payloads(events):
@@ -56,7 +58,7 @@ def read_emitted(events: list[bytes]) -> Emitted:
     return Emitted("".join(texts), chunks, identity, finished, single)
 
 
-def _payloads(events: list[bytes]) -> list[dict[str, Any]]:
+def _payloads(events: Iterable[bytes | bytearray]) -> list[dict[str, Any]]:
     payloads = []
     for run in events:
         for line in run.splitlines():
