@@ -416,3 +416,25 @@ async def test_finished_reader_drops_a_connection_whose_message_never_ends(serve
     await asyncio.wait_for(server.closed_by_client.wait(), 2)
     assert 0.15 <= time.monotonic() - started < 1.5
     assert pool.idle_count == 0
+
+
+async def test_a_large_whole_body_is_read_without_holding_the_backend_back(serve) -> None:
+    # A non-streaming answer bigger than the streaming high-water mark (embeddings
+    # of a large batch): read() takes it all, nothing pauses, nothing stalls.
+    body = b"e" * (4 * 1024 * 1024)
+
+    async def handler(reader, writer, _):
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        await reader.read()
+
+    server = await serve(handler)
+    pool = pool_for(server)
+    response = await pool.post("/x", b"{}", {}, read=2, deadline=deadline(5))
+    started = time.monotonic()
+    assert await response.read() == body
+    assert time.monotonic() - started < 1.5  # not a read timeout's worth of stall
+    response.release()
+    pool.close()

@@ -88,7 +88,7 @@ class UpstreamResponse:
 
     __slots__ = ("_buffered", "_chunks", "_complete", "_connection", "_deadline", "_error",
                  "_last_data", "_lingering", "_loop", "_paused", "_read", "_released",
-                 "_waiter", "_watchdog",
+                 "_waiter", "_watchdog", "_whole",
                  "headers", "status")
 
     def __init__(self, connection: Http1Connection, read: float, deadline: float | None) -> None:
@@ -105,6 +105,9 @@ class UpstreamResponse:
         self._paused = False
         self._released = False
         self._lingering = False
+        self._whole = False
+        """The reader takes the whole body at once: holding the backend back would
+        only stall it (a large non-streaming answer must not wait on itself)."""
         self._error: UpstreamError | None = None
         self.status = 0
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS
@@ -138,6 +141,10 @@ class UpstreamResponse:
         """The whole body; ``within`` seconds at most when set (else only silence is bounded)."""
         if within:
             self._deadline = self._loop.time() + within
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self._connection.resume_reading()
         while not self._complete:
             await self._wait()
         body = b"".join(self._chunks)
@@ -217,7 +224,7 @@ class UpstreamResponse:
             return
         if self._chunks:
             self._buffered += size  # framing included: a watermark needs no precision
-            if self._buffered > HIGH_WATER and not self._paused:
+            if self._buffered > HIGH_WATER and not self._paused and not self._whole:
                 self._paused = True
                 self._connection.pause_reading()
         self._wake()
