@@ -87,6 +87,20 @@ def deadline(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
 
 
+async def replying(serve, raw: bytes, *, keep_open: bool = False) -> Server:
+    """A server that answers each connection's first request with ``raw``, then closes
+    the connection (or, with ``keep_open``, waits for the client to close it)."""
+    async def handler(reader, writer, _):
+        await server.read_request(reader)
+        writer.write(raw)
+        await writer.drain()
+        if keep_open:
+            await reader.read()
+
+    server = await serve(handler)
+    return server
+
+
 async def test_keep_alive_connection_is_reused(serve) -> None:
     async def handler(reader, writer, _):
         while True:
@@ -132,12 +146,7 @@ async def test_idle_connection_closed_by_the_backend_is_replaced(serve) -> None:
 
 
 async def test_a_connection_cut_mid_head_is_not_retried(serve) -> None:
-    async def handler(reader, writer, _):
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Len")
-        await writer.drain()
-
-    server = await serve(handler)
+    server = await replying(serve, b"HTTP/1.1 200 OK\r\nContent-Len")
     pool = pool_for(server)
     with pytest.raises(ConnectionBroken) as broken:
         await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
@@ -146,12 +155,7 @@ async def test_a_connection_cut_mid_head_is_not_retried(serve) -> None:
 
 
 async def test_body_cut_short_is_a_broken_connection(serve) -> None:
-    async def handler(reader, writer, _):
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-
-    server = await serve(handler)
+    server = await replying(serve, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
     pool = pool_for(server)
     response = await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
     with pytest.raises(ConnectionBroken):
@@ -191,12 +195,7 @@ async def test_chunked_stream_arrives_piece_by_piece(serve) -> None:
 
 
 async def test_body_delimited_by_the_end_of_the_connection(serve) -> None:
-    async def handler(reader, writer, _):
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
-        await writer.drain()
-
-    server = await serve(handler)
+    server = await replying(serve, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
     pool = pool_for(server)
     response = await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
     assert await response.read() == b"all of it"
@@ -205,13 +204,7 @@ async def test_body_delimited_by_the_end_of_the_connection(serve) -> None:
 
 
 async def test_informational_response_is_skipped(serve) -> None:
-    async def handler(reader, writer, _):
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + OK)
-        await writer.drain()
-        await reader.read()
-
-    server = await serve(handler)
+    server = await replying(serve, b"HTTP/1.1 100 Continue\r\n\r\n" + OK, keep_open=True)
     pool = pool_for(server)
     response = await pool.post("/x", b"{}", {}, read=5, deadline=deadline(5))
     assert (response.status, await response.read()) == (200, b"{}")
@@ -220,13 +213,8 @@ async def test_informational_response_is_skipped(serve) -> None:
 
 
 async def test_silence_after_the_head_is_a_read_timeout(serve) -> None:
-    async def handler(reader, writer, _):
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
-        await writer.drain()
-        await reader.read()
-
-    server = await serve(handler)
+    server = await replying(
+        serve, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n", keep_open=True)
     pool = pool_for(server)
     response = await pool.post("/x", b"{}", {}, read=0.3, deadline=deadline(5))
     started = time.monotonic()
